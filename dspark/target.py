@@ -1,0 +1,123 @@
+"""Load a frozen target: an HF hub id, a local directory, the embedded SmolLM2, or a tiny one.
+
+Every place in dspark that names a target goes through `load_target`, so the accepted
+spellings and the errors for bad ones live here alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+EMBEDDED_TARGET = "smollm2-135m-instruct"
+EMBEDDED_ALIASES = ("embedded", EMBEDDED_TARGET)
+TINY_PREFIX = "tiny-"  # tiny-llama | tiny-qwen2 | tiny-qwen3 (random, for tests and `debug`)
+PREPARE_HINT = "python data_scripts/prepare_target.py"
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+class TargetNotFoundError(FileNotFoundError):
+    """A target spec that names nothing loadable; the message says how to fix it."""
+
+
+def cache_root() -> Path:
+    """dspark's cache (`$DSPARK_CACHE`, default `~/.cache/dspark`)."""
+    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark")).expanduser()
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """Turn a target spec into something `from_pretrained` loads, or raise with the fix.
+
+    Returns a local directory for the embedded/tiny/path forms, or the hub id itself.
+    """
+    root = Path(cache_dir) if cache_dir else cache_root()
+    if spec in EMBEDDED_ALIASES:
+        path = root / "targets" / EMBEDDED_TARGET
+        if not (path / "config.json").exists():
+            raise TargetNotFoundError(
+                f"The embedded target is not prepared yet (looked in {path}). "
+                f"Run `{PREPARE_HINT}` once (needs `pip install 'dspark[gguf]'`)."
+            )
+        return str(path)
+    if spec.startswith(TINY_PREFIX):
+        from dspark.tiny import TINY_ARCHS, build_tiny_target
+
+        arch = spec[len(TINY_PREFIX):]
+        if arch not in TINY_ARCHS:
+            raise TargetNotFoundError(
+                f"Unknown tiny target {spec!r}; use one of "
+                + ", ".join(TINY_PREFIX + a for a in TINY_ARCHS)
+            )
+        return str(build_tiny_target(arch, root / "targets" / spec))
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise TargetNotFoundError(
+                f"{path} exists but holds no config.json; point at a directory written by "
+                "`save_pretrained` (or convert the checkpoint first)."
+            )
+        return str(path)
+    looks_like_path = spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec)
+    if looks_like_path:
+        raise TargetNotFoundError(
+            f"Target path {spec!r} does not exist. Pass an existing model directory, a hub id "
+            f"such as 'Qwen/Qwen3-8B', 'embedded' (SmolLM2-135M, prepare it with "
+            f"`{PREPARE_HINT}`), or tiny-llama / tiny-qwen2 / tiny-qwen3."
+        )
+    if _offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(spec, "config.json")
+        if not isinstance(cached, str):
+            raise TargetNotFoundError(
+                f"{spec!r} is a hub id, HF_HUB_OFFLINE=1 is set and it is not in the local HF "
+                f"cache. Download it on a machine with hub access (`huggingface-cli download "
+                f"{spec}`), pass a local directory instead, or use 'embedded' ({PREPARE_HINT})."
+            )
+    return spec
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    try:
+        return {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+                "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_target(spec, cache_dir))
+
+
+def load_target(
+    spec: str = "embedded",
+    *,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    cache_dir: str | os.PathLike | None = None,
+    attn_implementation: str | None = "sdpa",
+):
+    """Return `(model, tokenizer)`: the target frozen (eval, no grads) on `device` in `dtype`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = resolve_target(spec, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(where)
+    model = AutoModelForCausalLM.from_pretrained(
+        where, dtype=_as_dtype(dtype), attn_implementation=attn_implementation
+    )
+    model.to(device).eval().requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

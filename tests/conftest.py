@@ -1,0 +1,64 @@
+"""Suite-wide fixtures: offline hub, a private dspark cache, tiny random targets."""
+
+import os
+
+# Before anything imports huggingface_hub: a hub look-up otherwise hangs ~50 s offline.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from dspark.tiny import TINY_ARCHS  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dspark_cache(tmp_path_factory):
+    """A fresh DSPARK_CACHE for the session so tests never read a user's cache."""
+    path = tmp_path_factory.mktemp("dspark_cache")
+    old = os.environ.get("DSPARK_CACHE")
+    os.environ["DSPARK_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("DSPARK_CACHE", None)
+    else:
+        os.environ["DSPARK_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(dspark_cache):
+    """`tiny_target_dir(arch) -> Path` of a tiny random target built once per session."""
+    from dspark.target import resolve_target
+
+    def get(arch: str = "qwen3"):
+        return resolve_target(f"tiny-{arch}")
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_target_dir):
+    """`tiny_target(arch) -> (model, tokenizer)`, frozen, fp32, CPU; cached per arch."""
+    from dspark.target import load_target
+
+    cache = {}
+
+    def get(arch: str = "qwen3"):
+        if arch not in cache:
+            tiny_target_dir(arch)
+            cache[arch] = load_target(f"tiny-{arch}")
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(params=TINY_ARCHS)
+def arch(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
