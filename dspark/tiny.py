@@ -138,6 +138,7 @@ def build_tiny_target(arch: str, out_dir: str | os.PathLike, *, num_layers: int 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    tmp.chmod(0o755)
     try:
         os.replace(tmp, out)
     except OSError:  # another process won the race; theirs is equally valid

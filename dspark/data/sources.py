@@ -1,0 +1,288 @@
+"""Prompt sources: local JSON/JSONL/Parquet/Arrow files, saved datasets, hub datasets, embedded.
+
+Every row shape people have is normalised to one: `{"messages": [{"role", "content"}, ...]}`.
+
+Accepted shapes (first match wins, keys whose value is None count as absent):
+- `messages`: OpenAI `[{"role": system|user|assistant, "content": str}, ...]`
+- `conversations`: ShareGPT `[{"from": human|user|gpt|assistant|chatgpt|system, "value": str}]`
+- `turns`: `["user turn 1", "user turn 2", ...]` (as in the shared prompt sets); user turns only,
+  the assistant answers come from regeneration.
+- Alpaca: `instruction` (+ optional `input`, optional `output`).
+
+A malformed row is never fatal and never silently dropped: it becomes a `RejectedRow` with its
+row number (0-based, in source order) and the reason, and is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+_FILE_BUILDERS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".csv": "csv",
+}
+
+
+class MalformedRow(ValueError):
+    """A row that cannot be normalised; the message is the reason."""
+
+
+@dataclass
+class RejectedRow:
+    index: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PromptSet:
+    """Normalised rows `{"index": source row number, "messages": [...]}` plus the rejects."""
+
+    source: str
+    rows: list[dict] = field(default_factory=list)
+    rejected: list[RejectedRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def write_rejected(self, path: str | os.PathLike) -> None:
+        """Write the per-row report of rejected rows as JSONL (empty file when none)."""
+        with open(path, "w", encoding="utf-8") as f:
+            for r in self.rejected:
+                f.write(json.dumps({"source": self.source, **r.to_dict()}, ensure_ascii=False) + "\n")
+
+
+def _present(row: dict, key: str) -> bool:
+    return key in row and row[key] is not None
+
+
+def _content(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise MalformedRow(f"{where}: content must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise MalformedRow(f"{where}: empty content")
+    return value
+
+
+def _check_order(messages: list[dict]) -> list[dict]:
+    if not messages:
+        raise MalformedRow("no messages")
+    for i, m in enumerate(messages):
+        if m["role"] == "system" and i != 0:
+            raise MalformedRow(f"message {i}: a system message is only allowed first")
+    if not any(m["role"] == "user" for m in messages):
+        raise MalformedRow("no user message")
+    return messages
+
+
+def _from_messages(msgs: Any) -> list[dict]:
+    if not isinstance(msgs, list):
+        raise MalformedRow(f"'messages' must be a list, got {type(msgs).__name__}")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise MalformedRow(f"message {i}: must be an object, got {type(m).__name__}")
+        role = m.get("role")
+        if role is None:
+            raise MalformedRow(f"message {i}: missing role")
+        if role not in ROLES:
+            raise MalformedRow(f"message {i}: unsupported role {role!r} (use one of {ROLES})")
+        if m.get("content") is None:
+            raise MalformedRow(f"message {i}: missing content")
+        out.append({"role": role, "content": _content(m["content"], f"message {i}")})
+    return _check_order(out)
+
+
+def _from_sharegpt(conv: Any) -> list[dict]:
+    if not isinstance(conv, list):
+        raise MalformedRow(f"'conversations' must be a list, got {type(conv).__name__}")
+    out = []
+    for i, m in enumerate(conv):
+        if not isinstance(m, dict):
+            raise MalformedRow(f"conversation turn {i}: must be an object, got {type(m).__name__}")
+        who = m.get("from")
+        if who is None:
+            raise MalformedRow(f"conversation turn {i}: missing role ('from')")
+        if not isinstance(who, str) or who.lower() not in SHAREGPT_ROLES:
+            raise MalformedRow(f"conversation turn {i}: unknown speaker {who!r}")
+        if m.get("value") is None:
+            raise MalformedRow(f"conversation turn {i}: missing 'value'")
+        out.append({"role": SHAREGPT_ROLES[who.lower()],
+                    "content": _content(m["value"], f"conversation turn {i}")})
+    return _check_order(out)
+
+
+def _from_turns(turns: Any) -> list[dict]:
+    if isinstance(turns, str) or not isinstance(turns, list):
+        raise MalformedRow(f"'turns' must be a list of strings, got {type(turns).__name__}")
+    return _check_order(
+        [{"role": "user", "content": _content(t, f"turn {i}")} for i, t in enumerate(turns)]
+    )
+
+
+def _from_alpaca(row: dict) -> list[dict]:
+    instruction = _content(row["instruction"], "instruction")
+    extra = row.get("input")
+    if extra is not None and not isinstance(extra, str):
+        raise MalformedRow(f"input: must be a string, got {type(extra).__name__}")
+    user = instruction if not extra or not extra.strip() else f"{instruction}\n\n{extra}"
+    msgs = [{"role": "user", "content": user}]
+    if _present(row, "system"):
+        msgs.insert(0, {"role": "system", "content": _content(row["system"], "system")})
+    out = row.get("output")
+    if out is not None:
+        if not isinstance(out, str):
+            raise MalformedRow(f"output: must be a string, got {type(out).__name__}")
+        if out.strip():
+            msgs.append({"role": "assistant", "content": out})
+    return msgs
+
+
+def normalize_row(row: Any) -> list[dict]:
+    """Return the row as OpenAI-style `messages`, or raise `MalformedRow(reason)`."""
+    if not isinstance(row, dict):
+        raise MalformedRow(f"row must be an object, got {type(row).__name__}")
+    if _present(row, "messages"):
+        return _from_messages(row["messages"])
+    if _present(row, "conversations"):
+        return _from_sharegpt(row["conversations"])
+    if _present(row, "turns"):
+        return _from_turns(row["turns"])
+    if _present(row, "instruction"):
+        return _from_alpaca(row)
+    keys = sorted(k for k in row if row[k] is not None)
+    raise MalformedRow(
+        f"unknown row shape (keys {keys}); expected 'messages', 'conversations', 'turns' or "
+        "'instruction'"
+    )
+
+
+def normalize_rows(rows, source: str = "<rows>", limit: int | None = None) -> PromptSet:
+    """Normalise an iterable of raw rows, keeping a report of the rejected ones."""
+    out = PromptSet(source=source)
+    for i, row in enumerate(rows):
+        if limit is not None and i >= limit:
+            break
+        try:
+            out.rows.append({"index": i, "messages": normalize_row(row)})
+        except MalformedRow as e:
+            out.rejected.append(RejectedRow(i, str(e)))
+    return out
+
+
+def _read_jsonl_lines(path: Path):
+    """Stdlib fallback for JSON lines that `datasets` refuses (mixed types, bad lines)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                yield _BadLine(f"invalid JSON: {e.msg} at column {e.colno}")
+
+
+class _BadLine:
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _normalize_with_bad_lines(rows, source: str, limit: int | None) -> PromptSet:
+    out = PromptSet(source=source)
+    for i, row in enumerate(rows):
+        if limit is not None and i >= limit:
+            break
+        if isinstance(row, _BadLine):
+            out.rejected.append(RejectedRow(i, row.reason))
+            continue
+        try:
+            out.rows.append({"index": i, "messages": normalize_row(row)})
+        except MalformedRow as e:
+            out.rejected.append(RejectedRow(i, str(e)))
+    return out
+
+
+def load_raw_dataset(source: str, split: str = "train", name: str | None = None):
+    """Load `source` with `datasets`: a file, a `save_to_disk` dir, a data dir or a hub name."""
+    import datasets
+
+    path = Path(source).expanduser()
+    if path.is_file():
+        builder = _FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(
+                f"{path}: unsupported file type {path.suffix!r}; use one of "
+                + ", ".join(sorted(_FILE_BUILDERS))
+            )
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    if path.is_dir():
+        if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+            ds = datasets.load_from_disk(str(path))
+            return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        return datasets.load_dataset(str(path), split=split)
+    if source.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"prompt source {source!r} does not exist")
+    return datasets.load_dataset(source, name, split=split)
+
+
+def load_prompts(
+    source: str, split: str = "train", limit: int | None = None, name: str | None = None
+) -> PromptSet:
+    """Load and normalise a prompt source.
+
+    `source` is `embedded` (the stdlib-built default set, `split` train|test), a local
+    .json/.jsonl/.parquet/.arrow/.csv file, a `save_to_disk` directory, a data directory,
+    or a hub dataset name (needs network, or the HF datasets cache when offline).
+    `limit` keeps the first `limit` source rows (rejected ones included in the count).
+    """
+    if source == "embedded":
+        from dspark.data.embedded import embedded_prompts
+
+        return normalize_rows(embedded_prompts(split), source=f"embedded:{split}", limit=limit)
+    path = Path(source).expanduser()
+    try:
+        ds = load_raw_dataset(source, split=split, name=name)
+    except Exception as e:  # arrow cannot unify the rows' types, or a line is not JSON
+        if path.is_file() and path.suffix.lower() in (".json", ".jsonl"):
+            rows = _read_jsonl_lines(path) if path.suffix.lower() == ".jsonl" else _read_json(path)
+            out = _normalize_with_bad_lines(rows, str(path), limit)
+            out.notes.append(
+                f"`datasets` could not load {path} ({type(e).__name__}: {str(e)[:200]}); "
+                "read it row by row with the json module instead"
+            )
+            return out
+        raise
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    return normalize_rows(ds, source=str(source))
+
+
+def _read_json(path: Path):
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if isinstance(data, dict):  # {"data": [...]} or a single row
+        lists = [v for v in data.values() if isinstance(v, list)]
+        data = lists[0] if len(lists) == 1 and len(data) == 1 else [data]
+    yield from data

@@ -1,0 +1,136 @@
+"""Static, position-indexed KV caches (gpt-fast style) for the target and the draft context.
+
+Slot s of row b holds the token at position s of request b: no left padding, no copies on
+rejection. A forward at positions `pos [B, n]` writes its K/V at those slots and attends to
+slots `<= pos` (the causal mask), so stale slots from rejected drafts are never read: the next
+round starts writing at the new anchor position, and every slot below the anchor has been
+rewritten with committed tokens. "Cropping" is just moving the per-row anchor position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def bucket(n: int, size: int, cap: int) -> int:
+    """Round `n` up to a multiple of `size` (fewer distinct shapes), at most `cap`."""
+    return min(cap, -(-n // size) * size)
+
+
+def causal_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype | None = None):
+    """`[B, 1, n, kv_len]` mask: query at positions[b, i] sees slots `<= positions[b, i]`.
+
+    Bool (True = attend) for SDPA, or additive float when `dtype` is given (eager attention).
+    """
+    slots = torch.arange(kv_len, device=positions.device)
+    mask = (slots[None, None, None, :] <= positions[:, None, :, None])
+    if dtype is None:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(dtype).min)
+
+
+class _Writer:
+    """Writes `[B, h, n, d]` states into a `[B, h, S, d]` buffer at per-row positions."""
+
+    def __init__(self):
+        self.positions = None
+        self.start = None  # int when every row writes the same contiguous slots
+        self._index = {}
+
+    def set_positions(self, positions: torch.Tensor, start: int | None):
+        self.positions, self.start, self._index = positions, start, {}
+
+    def write(self, buf: torch.Tensor, states: torch.Tensor):
+        n = states.shape[2]
+        if self.start is not None:
+            buf[:, :, self.start:self.start + n].copy_(states)
+            return
+        key = states.shape
+        idx = self._index.get(key)
+        if idx is None:
+            idx = self.positions[:, None, :, None].expand(key)
+            self._index[key] = idx
+        buf.scatter_(2, idx, states)
+
+
+class TargetKVCache:
+    """The target's KV cache: duck-types the HF `Cache.update` the attention layers call.
+
+    Before each forward the decoder calls `prepare(positions, kv_len, start)`; `update` then
+    writes the new K/V at `positions` and returns the first `kv_len` slots.
+    """
+
+    is_compileable = True
+
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
+                 max_len: int, dtype: torch.dtype, device, v_head_dim: int | None = None):
+        shape = (batch, num_kv_heads, max_len, head_dim)
+        vshape = (batch, num_kv_heads, max_len, v_head_dim or head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(vshape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_len = max_len
+        self.batch = batch
+        self.kv_len = max_len
+        self._writer = _Writer()
+
+    @classmethod
+    def for_model(cls, model, batch: int, max_len: int):
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        param = next(model.parameters())
+        return cls(cfg.num_hidden_layers, batch, kv_heads, head_dim, max_len, param.dtype,
+                   param.device)
+
+    def fits(self, batch: int, max_len: int) -> bool:
+        return batch == self.batch and max_len <= self.max_len
+
+    def prepare(self, positions: torch.Tensor, kv_len: int, start: int | None = None):
+        self.kv_len = kv_len
+        self._writer.set_positions(positions, start)
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self._writer.write(self.keys[layer_idx], key_states)
+        self._writer.write(self.values[layer_idx], value_states)
+        return (self.keys[layer_idx][:, :, : self.kv_len],
+                self.values[layer_idx][:, :, : self.kv_len])
+
+    # what HF's generic forward may ask of a cache
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def __len__(self):
+        return len(self.keys)
+
+
+class DraftContextCache:
+    """Per draft layer K/V of the projected target context, slot = position.
+
+    `write(kv, positions)` stores `context_kv(...)` outputs; `view(n)` gives the first `n`
+    slots as the `ctx_kv` list `block_hidden` takes. Which slots a block may see is the
+    caller's `ctx_valid` (slot < anchor position).
+    """
+
+    def __init__(self, batch: int, max_len: int):
+        self.batch, self.max_len = batch, max_len
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._writer = _Writer()
+
+    def fits(self, batch: int, max_len: int) -> bool:
+        return batch == self.batch and max_len <= self.max_len
+
+    def write(self, kv: list[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
+              start: int | None = None):
+        if not self.keys:  # allocate on first use: dtype / heads come from the draft
+            for k, v in kv:
+                self.keys.append(k.new_zeros((self.batch, k.shape[1], self.max_len, k.shape[3])))
+                self.values.append(v.new_zeros((self.batch, v.shape[1], self.max_len, v.shape[3])))
+        self._writer.set_positions(positions, start)
+        for (k, v), kb, vb in zip(kv, self.keys, self.values):
+            self._writer.write(kb, k)
+            self._writer.write(vb, v)
+
+    def view(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(self.keys, self.values)]

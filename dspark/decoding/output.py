@@ -1,0 +1,71 @@
+"""`GenerationOutput`: what both decoders return (the benchmark's input)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GenerationOutput:
+    """The result of `SpeculativeDecoder.generate` / `.generate_autoregressive`.
+
+    Fields (one entry per request, in the order of the input prompts):
+    - `sequences: list[list[int]]` the generated tokens, prompt excluded, EOS included when one
+      was produced (it is then the last token); never longer than `max_new_tokens`.
+    - `accept_lengths: list[list[int]]` per request, per verify round, how many drafted tokens
+      were accepted (0..L; the bonus / correction token is NOT counted). Empty for the
+      autoregressive baseline.
+    - `verify_lengths: list[list[int]]` per request, per round, how many drafts L were sent to
+      the target for verification (gamma without a confidence threshold).
+    - `confidences: list[list[list[float]]]` per request, per round, the confidence c_k of each
+      verified draft (length L); an empty list per round when the draft has no confidence head.
+    - `num_rounds: list[int]` verify rounds per request (AR: decode steps after the prefill).
+    - `new_tokens: list[int]` `len(sequences[i])`.
+    - `wall_time_s: float` wall-clock time of the whole call (prefill included).
+
+    The first generated token comes from the prefill pass (as in plain decoding), so
+    `new_tokens[i] == 1 + sum(accept_lengths[i]) + num_rounds[i]`, up to a final round cut by
+    EOS or `max_new_tokens`.
+
+    Convenience: `tau` = mean tokens committed per verify round, bonus counted
+    (`(sum accepted + rounds) / rounds` pooled over requests, the paper's acceptance length),
+    `acceptance_by_position()` = for k = 1..gamma the fraction of rounds that verified >= k
+    drafts in which draft k was accepted, `throughput` = new tokens per second.
+    """
+
+    sequences: list[list[int]]
+    accept_lengths: list[list[int]] = field(default_factory=list)
+    verify_lengths: list[list[int]] = field(default_factory=list)
+    confidences: list[list[list[float]]] = field(default_factory=list)
+    num_rounds: list[int] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per round (accepted drafts + 1), pooled over requests."""
+        rounds = sum(len(a) for a in self.accept_lengths)
+        if rounds == 0:
+            return float("nan")
+        return (sum(sum(a) for a in self.accept_lengths) + rounds) / rounds
+
+    @property
+    def total_new_tokens(self) -> int:
+        return sum(self.new_tokens)
+
+    @property
+    def throughput(self) -> float:
+        """Generated tokens per second over the whole call."""
+        return self.total_new_tokens / self.wall_time_s if self.wall_time_s > 0 else float("nan")
+
+    def acceptance_by_position(self) -> list[float]:
+        """P(draft k accepted | drafts 1..k-1 accepted and k verified), k = 1..max L."""
+        max_l = max((max(v) for v in self.verify_lengths if v), default=0)
+        hits = [0] * max_l
+        tries = [0] * max_l
+        for accs, vers in zip(self.accept_lengths, self.verify_lengths):
+            for a, v in zip(accs, vers):
+                for k in range(min(a + 1, v)):  # draft k+1 was tried when the first k passed
+                    tries[k] += 1
+                    hits[k] += int(k < a)
+        return [h / t if t else float("nan") for h, t in zip(hits, tries)]

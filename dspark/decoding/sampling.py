@@ -1,0 +1,35 @@
+"""Turning logits into the (warped) distributions both target and draft are sampled from.
+
+The same `warp` is applied to the target's p and the draft's q, so speculative sampling is
+lossless with respect to the warped target distribution (temperature / top-k / top-p).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def warp(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0):
+    """Probabilities `[..., V]` (fp32) of `softmax(logits / T)` restricted by top-k / top-p."""
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # drop a token when the mass strictly before it already reaches top_p (keeps >= 1)
+        drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+        drop = torch.zeros_like(drop).scatter(-1, order, drop)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One exact sample per row of `probs [..., V]` without a host sync (exponential race)."""
+    race = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return torch.argmax(probs / race, dim=-1)
+
+
+def uniform(shape, device, generator: torch.Generator | None = None) -> torch.Tensor:
+    return torch.rand(shape, device=device, generator=generator)

