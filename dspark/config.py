@@ -1,0 +1,325 @@
+"""`DSparkConfig`: the config.json of a DSpark draft (method doc, sections 1 and 7).
+
+A draft's config is a copy of its target's config (hidden size, heads, kv heads, head_dim, FFN,
+RoPE, eps, vocab and every other key the target carries) with fewer layers, plus the DSpark
+fields. Saved with `save_pretrained` it is the DeepSpec / upstream-vLLM layout: the full target
+config plus `architectures`, `num_hidden_layers`, `num_target_layers`, `block_size`,
+`mask_token_id`, `target_layer_ids`, `num_anchors`, `markov_rank`, `markov_head_type`,
+`enable_confidence_head`, `confidence_head_with_markov`, `tie_word_embeddings: false`.
+
+Every DSpark default lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+TARGET_FAMILIES = ("llama", "qwen2", "qwen3")
+# Serving architecture names (vLLM routes `DSparkDraftModel` to DeepSeek-V4: never emit it).
+SERVING_ARCHITECTURES = {
+    "qwen3": "Qwen3DSparkModel",
+    "qwen2": "Qwen2DSparkModel",
+    "llama": "LlamaDSparkModel",
+}
+# Mask-token candidates, in order of preference: reserved/unused specials first, then rarely
+# used specials of families without spare rows (SmolLM2/StarCoder: `<empty_output>`, a
+# code-notebook marker that chat text never contains; Qwen: the FIM pad token).
+MASK_TOKEN_CANDIDATES = (
+    "<|reserved_0|>",
+    "<|reserved_special_token_0|>",
+    "<|MASK|>",
+    "<|mask|>",
+    "<mask>",
+)
+RARE_SPECIAL_FALLBACKS = ("<empty_output>", "<jupyter_script>", "<|fim_pad|>")
+
+# Target config keys that describe the target itself, not the draft: never copied.
+_NOT_COPIED = (
+    "model_type",
+    "transformers_version",
+    "architectures",
+    "_name_or_path",
+    "name_or_path",
+    "auto_map",
+    "num_hidden_layers",
+    "layer_types",
+    "tie_word_embeddings",
+    "output_attentions",
+    "max_window_layers",
+    "use_sliding_window",
+    "sliding_window",
+)
+
+
+def target_family(model_type: str) -> str:
+    """Map an HF `model_type` to the draft's layer family: llama | qwen2 | qwen3."""
+    mt = (model_type or "").lower()
+    if mt.startswith("qwen3"):
+        return "qwen3"
+    if mt.startswith("qwen2"):
+        return "qwen2"
+    if mt in ("llama", "mistral", "smollm3"):
+        return "llama"
+    raise ValueError(
+        f"Unsupported target model_type {model_type!r}: DSpark drafts are built for Llama-, "
+        f"Qwen2- and Qwen3-family targets ({', '.join(TARGET_FAMILIES)})."
+    )
+
+
+def default_target_layer_ids(num_target_layers: int, n: int = 5) -> list[int]:
+    """Decoder-layer ids to tap: `n` ids spread evenly over 1..N-3 (never the final layer).
+
+    36 layers -> [1, 9, 17, 25, 33]; 30 layers (SmolLM2-135M) -> [1, 8, 14, 21, 27]
+    (half-way values round up). When 1..N-3 holds fewer than `n` layers (small targets), the
+    range widens to 0..N-2 and at most N-1 distinct ids are returned: a 4-layer tiny target
+    gives [0, 1, 2], 7 layers give [0, 1, 3, 4, 5]. The final layer N-1 is never tapped.
+    """
+    N = int(num_target_layers)
+    n = int(n)
+    if N < 2:
+        raise ValueError(
+            f"a target needs at least 2 layers to tap (got {N}); the final one is never tapped"
+        )
+    if n < 1:
+        raise ValueError(f"need at least one tapped layer (got n={n})")
+    start, end = 1, N - 3
+    if end - start + 1 < n:
+        start, end = 0, N - 2
+        n = min(n, end - start + 1)
+    if n == 1:
+        return [start]
+    span = end - start
+    ids = [int(start + i * span / (n - 1) + 0.5) for i in range(n)]
+    return sorted(set(ids))
+
+
+def choose_mask_token_id(tokenizer, vocab_size: int | None = None) -> int:
+    """Pick the mask token: an id whose embedding row normal text never uses.
+
+    Order: a reserved/mask special the tokenizer defines (`<|reserved_0|>` in tiny targets,
+    `<|reserved_special_token_0|>` in Llama 3); else the first embedding row beyond the
+    tokenizer (`len(tokenizer)`, when the model's `vocab_size` is larger, e.g. Qwen3's padded
+    vocab); else a rarely used special (`<empty_output>` for SmolLM2, `<|fim_pad|>` for Qwen).
+    """
+    vocab = tokenizer.get_vocab()
+    for tok in MASK_TOKEN_CANDIDATES:
+        if tok in vocab:
+            return int(vocab[tok])
+    n_tok = len(tokenizer)
+    if vocab_size is not None and int(vocab_size) > n_tok:
+        return n_tok
+    for tok in RARE_SPECIAL_FALLBACKS:
+        if tok in vocab:
+            return int(vocab[tok])
+    raise ValueError(
+        "Could not find an unused token for the mask embedding: the tokenizer defines none of "
+        f"{MASK_TOKEN_CANDIDATES + RARE_SPECIAL_FALLBACKS} and the model has no spare embedding "
+        "rows. Pass mask_token_id explicitly."
+    )
+
+
+class DSparkConfig(PretrainedConfig):
+    """Config of a DSpark draft: the target's config with fewer layers plus the DSpark fields."""
+
+    model_type = "dspark"
+
+    # Copied from the target (defaults only matter for a bare `DSparkConfig()`).
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_hidden_layers: int = 5
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    rope_parameters: dict | None = None
+    attention_bias: bool = False
+    attention_dropout: float | int = 0.0
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    # DSpark fields (method doc sections 1 and 7).
+    block_size: int = 7
+    mask_token_id: int | None = None
+    target_layer_ids: list[int] | None = None
+    num_target_layers: int | None = None
+    num_anchors: int = 512
+    markov_rank: int = 256
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    target_model_type: str = "qwen3"
+    target_name_or_path: str | None = None
+    layer_types: list[str] | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.target_layer_ids is not None:
+            self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        self.layer_types = ["full_attention"] * int(self.num_hidden_layers)
+        self.tie_word_embeddings = False
+        super().__post_init__(**kwargs)
+        self.check()
+        self.architectures = [self.serving_architecture()]
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def use_qk_norm(self) -> bool:
+        """Per-head q/k RMSNorm, only where the target has it (Qwen3)."""
+        return self.target_model_type == "qwen3"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """q/k/v projection biases, as in the target's own attention (Qwen2 always has them)."""
+        return self.target_model_type == "qwen2" or bool(self.attention_bias)
+
+    @property
+    def num_target_features(self) -> int:
+        return len(self.target_layer_ids or [])
+
+    def serving_architecture(self) -> str:
+        return SERVING_ARCHITECTURES[self.target_model_type]
+
+    # ------------------------------------------------------------------ validation
+    def check(self) -> None:
+        """Raise ValueError with the fix for any inconsistent DSpark field."""
+        if int(self.block_size) < 1:
+            raise ValueError(f"block_size must be >= 1 (got {self.block_size})")
+        if self.target_model_type not in TARGET_FAMILIES:
+            raise ValueError(
+                f"target_model_type must be one of {TARGET_FAMILIES} (got {self.target_model_type!r})"
+            )
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(
+                f"unknown markov_head_type {self.markov_head_type!r}; use one of {MARKOV_HEAD_TYPES}"
+            )
+        if int(self.markov_rank) < 0:
+            raise ValueError(
+                f"markov_rank must be >= 0, 0 disables the head (got {self.markov_rank})"
+            )
+        if int(self.num_anchors) < 1:
+            raise ValueError(f"num_anchors must be >= 1 (got {self.num_anchors})")
+        if (
+            self.enable_confidence_head
+            and self.confidence_head_with_markov
+            and int(self.markov_rank) == 0
+        ):
+            raise ValueError(
+                "confidence_head_with_markov=True needs a Markov head but markov_rank=0; set "
+                "confidence_head_with_markov=False (confidence on h_k alone) or markov_rank > 0"
+            )
+        if self.mask_token_id is not None and not 0 <= int(self.mask_token_id) < int(
+            self.vocab_size
+        ):
+            raise ValueError(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        if self.target_layer_ids is not None:
+            ids = list(self.target_layer_ids)
+            if not ids:
+                raise ValueError("target_layer_ids must not be empty")
+            if any(b <= a for a, b in zip(ids, ids[1:])):
+                raise ValueError(f"target_layer_ids must be strictly increasing (got {ids})")
+            N = self.num_target_layers
+            if N is not None:
+                bad = [i for i in ids if not 0 <= i < N]
+                if bad:
+                    raise ValueError(
+                        f"target_layer_ids {bad} are out of range for a {N}-layer target "
+                        f"(valid decoder-layer ids: 0..{N - 2})"
+                    )
+                if N - 1 in ids:
+                    raise ValueError(
+                        f"target_layer_ids {ids} include the target's final layer {N - 1}; the final "
+                        "layer is never tapped (its output is the target distribution). Use ids "
+                        f"<= {N - 2}, e.g. default_target_layer_ids({N})"
+                    )
+        if self.hidden_size % self.num_attention_heads and self.head_dim is None:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    # ------------------------------------------------------------------ serialization
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["architectures"] = [self.serving_architecture()]
+        out["tie_word_embeddings"] = False
+        return out
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_target_config(
+        cls,
+        target_config,
+        *,
+        num_hidden_layers: int = 5,
+        block_size: int = 7,
+        target_layer_ids: list[int] | None = None,
+        mask_token_id: int | None = None,
+        num_anchors: int = 512,
+        markov_rank: int = 256,
+        markov_head_type: str = "vanilla",
+        enable_confidence_head: bool = True,
+        confidence_head_with_markov: bool = True,
+        target_name_or_path: str | None = None,
+        num_target_features: int = 5,
+    ) -> DSparkConfig:
+        """Copy `target_config` (an HF config or its dict), keep `num_hidden_layers` layers and
+        add the DSpark fields. `target_layer_ids=None` uses `default_target_layer_ids`.
+        """
+        src = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
+        family = target_family(src.get("model_type", ""))
+        if "text_config" in src:
+            raise ValueError("multimodal targets (with a text_config) are not supported yet")
+        n_target = int(src["num_hidden_layers"])
+        if target_layer_ids is None:
+            target_layer_ids = default_target_layer_ids(n_target, num_target_features)
+        if mask_token_id is None:
+            raise ValueError(
+                "mask_token_id is required: use dspark.config.choose_mask_token_id(tokenizer, "
+                "target_config.vocab_size)"
+            )
+        kw = {k: v for k, v in src.items() if k not in _NOT_COPIED}
+        if kw.get("head_dim") is None:
+            kw["head_dim"] = src["hidden_size"] // src["num_attention_heads"]
+        if target_name_or_path is None:
+            target_name_or_path = src.get("_name_or_path") or None
+        kw.update(
+            num_hidden_layers=int(num_hidden_layers),
+            num_target_layers=n_target,
+            target_model_type=family,
+            block_size=int(block_size),
+            target_layer_ids=[int(i) for i in target_layer_ids],
+            mask_token_id=int(mask_token_id),
+            num_anchors=int(num_anchors),
+            markov_rank=int(markov_rank),
+            markov_head_type=markov_head_type,
+            enable_confidence_head=bool(enable_confidence_head),
+            confidence_head_with_markov=bool(confidence_head_with_markov),
+            target_name_or_path=target_name_or_path,
+            tie_word_embeddings=False,
+        )
+        return cls(**kw)
+
+
+def _register_auto() -> None:
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.register("dspark", DSparkConfig)
+    except (ValueError, ImportError):  # already registered
+        pass
+
+
+_register_auto()

@@ -1,0 +1,139 @@
+"""Sequential (Markov) heads and the confidence head (method doc, section 1).
+
+Markov heads add a bias to slot k's backbone logits U_k from the previous token x_{k-1}
+(x_{-1} = the anchor), restoring the intra-block dependency a parallel backbone lacks:
+
+- `vanilla`: bias_k = W2(W1[x_{k-1}])
+- `gated`:   bias_k = W2(g_k * W1[x_{k-1}]), g_k = sigmoid(gate_proj([h_k ; W1[x_{k-1}]]))
+- `rnn`:     a GRU-like state over [s_{k-1} ; W1[x_{k-1}] ; h_k] (s_{-1} = 0):
+             [a ; c] = joint_proj([s_{k-1} ; e_k ; h_k]), z = sigmoid(a),
+             s_k = (1 - z) * s_{k-1} + z * tanh(c), bias_k = W2(e_k + s_k)
+             so slot k sees the whole prefix while keeping the vanilla path.
+
+W1 = `markov_w1` Embedding(V, r), W2 = `markov_w2` Linear(r, V, bias=False) (weight [V, r]).
+The feature a head hands the confidence head (`feat`) is the raw W1[x_{k-1}] for every type.
+
+Confidence head: `proj` Linear(H + r -> 1) on [h_k ; W1[x_{k-1}]] (or Linear(H -> 1) on h_k);
+sigmoid(logit) = P(draft k accepted | drafts before it accepted).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MarkovHead(nn.Module):
+    """`vanilla` head; subclasses change only `mix` (and `init_state`)."""
+
+    head_type = "vanilla"
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        V, r = config.vocab_size, int(config.markov_rank)
+        self.rank = r
+        self.markov_w1 = nn.Embedding(V, r)
+        self.markov_w2 = nn.Linear(r, V, bias=False)
+
+    def init_state(self, batch: int):
+        """State before slot 0 (None for stateless heads)."""
+        return None
+
+    def mix(self, h: torch.Tensor, emb: torch.Tensor, state):
+        """`(h_k [.., H], W1[x_{k-1}] [.., r], state)` -> `(mixed [.., r], new_state)`."""
+        return emb, state
+
+    def step(self, h_k: torch.Tensor, prev_token: torch.Tensor, state):
+        """One serial slot: `(h_k [B,H], prev_token [B], state) -> (bias [B,V], feat [B,r], state)`.
+
+        Draft logits of the slot = `U_k + bias`; `feat` feeds the confidence head.
+        """
+        emb = self.markov_w1(prev_token)
+        mixed, state = self.mix(h_k, emb.to(h_k.dtype), state)
+        return self.markov_w2(mixed), emb, state
+
+    def teacher_forced(self, h: torch.Tensor, prev_tokens: torch.Tensor):
+        """All slots at once with given previous tokens.
+
+        `h [..., gamma, H]`, `prev_tokens [..., gamma]` -> `(mixed [..., gamma, r], feat [..., gamma, r])`;
+        the bias of every slot is `markov_w2(mixed)`.
+        """
+        emb = self.markov_w1(prev_tokens)
+        mixed, _ = self.mix(h, emb.to(h.dtype), None)
+        return mixed, emb
+
+    def bias(self, mixed: torch.Tensor) -> torch.Tensor:
+        return self.markov_w2(mixed)
+
+
+class GatedMarkovHead(MarkovHead):
+    head_type = "gated"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.gate_proj = nn.Linear(config.hidden_size + self.rank, self.rank)
+
+    def mix(self, h, emb, state):
+        gate = torch.sigmoid(self.gate_proj(torch.cat([h, emb], dim=-1)))
+        return gate * emb, state
+
+
+class RNNMarkovHead(MarkovHead):
+    head_type = "rnn"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.joint_proj = nn.Linear(2 * self.rank + config.hidden_size, 2 * self.rank)
+
+    def init_state(self, batch: int):
+        w = self.markov_w2.weight
+        return torch.zeros(batch, self.rank, device=w.device, dtype=w.dtype)
+
+    def mix(self, h, emb, state):
+        if state is None:
+            state = torch.zeros(*h.shape[:-1], self.rank, device=h.device, dtype=h.dtype)
+        a, c = self.joint_proj(torch.cat([state.to(h.dtype), emb, h], dim=-1)).chunk(2, dim=-1)
+        z = torch.sigmoid(a)
+        new_state = (1 - z) * state + z * torch.tanh(c)
+        return emb + new_state, new_state
+
+    def teacher_forced(self, h, prev_tokens):
+        emb = self.markov_w1(prev_tokens)
+        e = emb.to(h.dtype)
+        state = None
+        mixed = []
+        for k in range(h.shape[-2]):
+            m, state = self.mix(h[..., k, :], e[..., k, :], state)
+            mixed.append(m)
+        return torch.stack(mixed, dim=-2), emb
+
+
+MARKOV_HEADS = {"vanilla": MarkovHead, "gated": GatedMarkovHead, "rnn": RNNMarkovHead}
+
+
+def build_markov_head(config) -> MarkovHead | None:
+    if int(config.markov_rank) == 0:
+        return None
+    return MARKOV_HEADS[config.markov_head_type](config)
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, hidden_size: int, markov_rank: int = 0) -> None:
+        super().__init__()
+        self.with_markov = markov_rank > 0
+        self.proj = nn.Linear(hidden_size + markov_rank, 1)
+
+    def forward(self, h_k: torch.Tensor, feat: torch.Tensor | None = None) -> torch.Tensor:
+        """`h_k [.., H]`, `feat [.., r] | None` -> logit `[..]`."""
+        if self.with_markov:
+            if feat is None:
+                raise ValueError("this confidence head reads [h_k ; W1[x_{k-1}]]: pass feat")
+            h_k = torch.cat([h_k, feat.to(h_k.dtype)], dim=-1)
+        return self.proj(h_k).squeeze(-1)
+
+
+def build_confidence_head(config) -> ConfidenceHead | None:
+    if not config.enable_confidence_head:
+        return None
+    rank = int(config.markov_rank) if config.confidence_head_with_markov else 0
+    return ConfidenceHead(config.hidden_size, rank)
