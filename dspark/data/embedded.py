@@ -25,16 +25,77 @@ import sys
 
 # Pure-Python modules present in every CPython 3.10+ installation (sorted).
 MODULES = (
-    "argparse", "ast", "base64", "bisect", "calendar", "colorsys", "configparser", "csv",
-    "dataclasses", "difflib", "email.utils", "fnmatch", "fractions", "ftplib", "functools",
-    "getopt", "gettext", "glob", "gzip", "heapq", "html", "http.cookies", "imaplib",
-    "inspect", "ipaddress", "json.decoder", "json.encoder", "locale", "logging", "mailbox",
-    "mimetypes", "netrc", "ntpath", "numbers", "operator", "optparse", "os", "pathlib",
-    "pickletools", "platform", "plistlib", "posixpath", "pprint", "pydoc", "quopri",
-    "random", "reprlib", "sched", "secrets", "shlex", "shutil", "smtplib", "statistics",
-    "string", "tabnanny", "tarfile", "tempfile", "textwrap", "threading", "tokenize",
-    "trace", "traceback", "urllib.parse", "urllib.request", "uu", "uuid", "wave",
-    "weakref", "webbrowser", "xml.dom.minidom", "zipfile",
+    "argparse",
+    "ast",
+    "base64",
+    "bisect",
+    "calendar",
+    "colorsys",
+    "configparser",
+    "csv",
+    "dataclasses",
+    "difflib",
+    "email.utils",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "getopt",
+    "gettext",
+    "glob",
+    "gzip",
+    "heapq",
+    "html",
+    "http.cookies",
+    "imaplib",
+    "inspect",
+    "ipaddress",
+    "json.decoder",
+    "json.encoder",
+    "locale",
+    "logging",
+    "mailbox",
+    "mimetypes",
+    "netrc",
+    "ntpath",
+    "numbers",
+    "operator",
+    "optparse",
+    "os",
+    "pathlib",
+    "pickletools",
+    "platform",
+    "plistlib",
+    "posixpath",
+    "pprint",
+    "pydoc",
+    "quopri",
+    "random",
+    "reprlib",
+    "sched",
+    "secrets",
+    "shlex",
+    "shutil",
+    "smtplib",
+    "statistics",
+    "string",
+    "tabnanny",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "tokenize",
+    "trace",
+    "traceback",
+    "urllib.parse",
+    "urllib.request",
+    "uu",
+    "uuid",
+    "wave",
+    "weakref",
+    "webbrowser",
+    "xml.dom.minidom",
+    "zipfile",
 )
 KINDS = ("write", "explain", "complete")
 SPLITS = ("train", "test")
@@ -93,7 +154,7 @@ def _candidates(module: str, source: str) -> list[dict]:
                 if not doc or len(doc) < 40 or node.end_lineno is None:
                     continue
                 start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
-                text = _dedent("\n".join(lines[start:node.end_lineno]))
+                text = _dedent("\n".join(lines[start : node.end_lineno]))
                 n_lines = node.end_lineno - start
                 if not (MIN_SOURCE_LINES <= n_lines <= MAX_SOURCE_LINES):
                     continue
@@ -101,18 +162,20 @@ def _candidates(module: str, source: str) -> list[dict]:
                     continue
                 ds = node.body[0]
                 # The function without its docstring (for explain / complete).
-                code_lines = lines[start:ds.lineno - 1] + lines[ds.end_lineno:node.end_lineno]
+                code_lines = lines[start : ds.lineno - 1] + lines[ds.end_lineno : node.end_lineno]
                 code = _dedent("\n".join(code_lines)).rstrip()
                 if len(code.splitlines()) < 3:
                     continue
-                out.append({
-                    "module": module,
-                    "qualname": prefix + node.name,
-                    "signature": _signature(lines, node),
-                    "docstring": doc.strip(),
-                    "source": text,
-                    "code": code,
-                })
+                out.append(
+                    {
+                        "module": module,
+                        "qualname": prefix + node.name,
+                        "signature": _signature(lines, node),
+                        "docstring": doc.strip(),
+                        "source": text,
+                        "code": code,
+                    }
+                )
 
     visit(tree.body, "")
     return out
@@ -186,10 +249,12 @@ def embedded_prompts(split: str = "train", n: int | None = None) -> list[dict]:
     rows = []
     for i in chosen:
         c = pool[i]
-        rows.append({
-            "messages": [{"role": "user", "content": _prompt(c)}],
-            "meta": {"module": c["module"], "function": c["qualname"], "kind": c["kind"]},
-        })
+        rows.append(
+            {
+                "messages": [{"role": "user", "content": _prompt(c)}],
+                "meta": {"module": c["module"], "function": c["qualname"], "kind": c["kind"]},
+            }
+        )
     return rows
 
 

@@ -71,7 +71,9 @@ class PromptSet:
         """Write the per-row report of rejected rows as JSONL (empty file when none)."""
         with open(path, "w", encoding="utf-8") as f:
             for r in self.rejected:
-                f.write(json.dumps({"source": self.source, **r.to_dict()}, ensure_ascii=False) + "\n")
+                f.write(
+                    json.dumps({"source": self.source, **r.to_dict()}, ensure_ascii=False) + "\n"
+                )
 
 
 def _present(row: dict, key: str) -> bool:
@@ -129,8 +131,12 @@ def _from_sharegpt(conv: Any) -> list[dict]:
             raise MalformedRow(f"conversation turn {i}: unknown speaker {who!r}")
         if m.get("value") is None:
             raise MalformedRow(f"conversation turn {i}: missing 'value'")
-        out.append({"role": SHAREGPT_ROLES[who.lower()],
-                    "content": _content(m["value"], f"conversation turn {i}")})
+        out.append(
+            {
+                "role": SHAREGPT_ROLES[who.lower()],
+                "content": _content(m["value"], f"conversation turn {i}"),
+            }
+        )
     return _check_order(out)
 
 
@@ -186,9 +192,19 @@ def normalize_rows(rows, source: str = "<rows>", limit: int | None = None) -> Pr
         if limit is not None and i >= limit:
             break
         try:
-            out.rows.append({"index": i, "messages": normalize_row(row)})
+            out.rows.append(_normalized(i, row))
         except MalformedRow as e:
             out.rejected.append(RejectedRow(i, str(e)))
+    return out
+
+
+def _normalized(i: int, row: Any) -> dict:
+    """`{"index": row number, "messages": ...}`; a row's own int `index` (e.g. a regenerated
+    file's source row) is kept as `source_index`."""
+    out = {"index": i, "messages": normalize_row(row)}
+    own = row.get("index")
+    if isinstance(own, int) and not isinstance(own, bool):
+        out["source_index"] = own
     return out
 
 
@@ -218,7 +234,7 @@ def _normalize_with_bad_lines(rows, source: str, limit: int | None) -> PromptSet
             out.rejected.append(RejectedRow(i, row.reason))
             continue
         try:
-            out.rows.append({"index": i, "messages": normalize_row(row)})
+            out.rows.append(_normalized(i, row))
         except MalformedRow as e:
             out.rejected.append(RejectedRow(i, str(e)))
     return out

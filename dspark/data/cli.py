@@ -1,0 +1,190 @@
+"""Command lines behind data_scripts/regenerate.py and data_scripts/tokenize_data.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _json_arg(text):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            "expected a JSON object, e.g. '{\"enable_thinking\": false}'"
+        )
+    return value
+
+
+def _tokenize_args(p):
+    p.add_argument("--max-length", type=int, default=2048, help="truncate sequences (tokens)")
+    p.add_argument(
+        "--mask-method",
+        default="auto",
+        choices=("auto", "markers", "offsets"),
+        help="loss-mask method: template {%% generation %%} markers or offsets",
+    )
+
+
+def regenerate_main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description="Regenerate every assistant turn of a prompt set with the target "
+        "(resumable: rerun the same command to continue)."
+    )
+    p.add_argument(
+        "--target",
+        default="embedded",
+        help="embedded | tiny-llama|tiny-qwen2|tiny-qwen3 | model dir | hub id",
+    )
+    p.add_argument(
+        "--input",
+        default="embedded",
+        help="embedded | a .json/.jsonl/.parquet/.arrow file | a dataset dir | hub name",
+    )
+    p.add_argument("--split", default="train")
+    p.add_argument("--config-name", default=None, help="hub dataset config name")
+    p.add_argument("--output", required=True, help="output directory")
+    p.add_argument("--limit", type=int, default=None, help="use the first N source rows")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if any)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    p.add_argument(
+        "--server",
+        default=None,
+        help="URL of an OpenAI-compatible server (vLLM/SGLang), e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument("--server-model", default=None, help="model name on the server")
+    p.add_argument(
+        "--chat-template-kwargs",
+        type=_json_arg,
+        default=None,
+        help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'",
+    )
+    p.add_argument(
+        "--tokenize", action="store_true", help="also write the tokenized set to OUTPUT/tokenized"
+    )
+    p.add_argument("--no-progress", action="store_true")
+    _tokenize_args(p)
+    a = p.parse_args(argv)
+
+    import torch
+
+    from dspark.data.regenerate import HFBackend, OpenAIBackend, SamplingConfig, regenerate
+    from dspark.data.sources import load_prompts
+
+    prompts = load_prompts(a.input, split=a.split, limit=a.limit, name=a.config_name)
+    for note in prompts.notes:
+        print("note:", note, file=sys.stderr)
+    if prompts.rejected:
+        print(
+            f"{len(prompts.rejected)} input rows rejected (see {a.output}/rejected.jsonl); "
+            f"first: row {prompts.rejected[0].index}: {prompts.rejected[0].reason}",
+            file=sys.stderr,
+        )
+    sampling = SamplingConfig(
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=a.top_k,
+        max_new_tokens=a.max_new_tokens,
+        seed=a.seed,
+    )
+    tokenizer = None
+    if a.server:
+        backend = OpenAIBackend(
+            a.server,
+            model=a.server_model,
+            chat_template_kwargs=a.chat_template_kwargs,
+            max_workers=a.batch_size,
+        )
+        generator = f"server:{a.server}#{backend.model}"
+    else:
+        from dspark.target import load_target
+
+        device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = a.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
+        model, tokenizer = load_target(a.target, dtype=dtype, device=device)
+        backend = HFBackend(model, tokenizer, chat_template_kwargs=a.chat_template_kwargs)
+        generator = f"hf:{a.target}"
+    settings = {
+        "target": a.target,
+        "generator": generator,
+        "split": a.split,
+        "chat_template_kwargs": a.chat_template_kwargs or {},
+    }
+    regenerate(
+        prompts,
+        backend,
+        a.output,
+        sampling=sampling,
+        batch_size=a.batch_size,
+        settings=settings,
+        progress=not a.no_progress,
+    )
+    if a.tokenize:
+        from dspark.data.tokenize import tokenize_file
+
+        stats = tokenize_file(
+            str(Path(a.output) / "regenerated.jsonl"),
+            str(Path(a.output) / "tokenized"),
+            target=a.target,
+            max_length=a.max_length,
+            method=a.mask_method,
+            chat_template_kwargs=a.chat_template_kwargs,
+            tokenizer=tokenizer,
+        )
+        _print_tokenized(stats, Path(a.output) / "tokenized")
+    return 0
+
+
+def _print_tokenized(stats, where):
+    print(
+        f"tokenized: {stats['rows']} rows, {stats['tokens']} tokens, assistant share "
+        f"{stats['assistant_share']:.3f} (mask method {stats['mask_method']}; "
+        f"{stats['truncated']} truncated, {stats['truncated_away']} dropped by max_length, "
+        f"{stats['no_assistant']} without assistant turns) -> {where}"
+    )
+
+
+def tokenize_main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description="Tokenize conversations with the target's chat template and loss masks."
+    )
+    p.add_argument("--target", default="embedded", help="whose tokenizer / chat template")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="regenerated.jsonl (or any prompt source whose rows have assistant turns)",
+    )
+    p.add_argument("--output", required=True, help="directory for save_to_disk + manifest.json")
+    p.add_argument("--chat-template-kwargs", type=_json_arg, default=None)
+    _tokenize_args(p)
+    a = p.parse_args(argv)
+    from dspark.data.tokenize import tokenize_file
+
+    stats = tokenize_file(
+        a.input,
+        a.output,
+        target=a.target,
+        max_length=a.max_length,
+        method=a.mask_method,
+        chat_template_kwargs=a.chat_template_kwargs,
+    )
+    _print_tokenized(stats, a.output)
+    return 0
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,55 @@
+"""Batch collation for the tokenized training set (see docs/contracts.md)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class PadCollator:
+    """Right-pad rows of `input_ids` / `loss_mask` into `[B, S]` long tensors.
+
+    Returns `{"input_ids", "attention_mask", "loss_mask"}`; pads get `pad_token_id`,
+    attention 0 and loss mask 0. `max_length` truncates longer rows; `pad_to_multiple_of`
+    rounds S up (e.g. 8 or 64 for tensor cores / static shapes).
+    """
+
+    def __init__(
+        self,
+        pad_token_id: int,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+    ):
+        if pad_token_id is None:
+            raise ValueError("PadCollator needs a pad_token_id (the tokenizer's pad or eos id)")
+        self.pad_token_id = int(pad_token_id)
+        self.max_length = max_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        if not features:
+            raise ValueError("PadCollator got an empty batch")
+        seqs = [self._as_list(f["input_ids"]) for f in features]
+        masks = [self._as_list(f["loss_mask"]) for f in features]
+        if self.max_length is not None:
+            seqs = [s[: self.max_length] for s in seqs]
+            masks = [m[: self.max_length] for m in masks]
+        width = max(len(s) for s in seqs)
+        if self.pad_to_multiple_of:
+            k = self.pad_to_multiple_of
+            width = (width + k - 1) // k * k
+        b = len(seqs)
+        input_ids = torch.full((b, width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((b, width), dtype=torch.long)
+        loss_mask = torch.zeros((b, width), dtype=torch.long)
+        for i, (s, m) in enumerate(zip(seqs, masks)):
+            if len(s) != len(m):
+                raise ValueError(f"row {i}: input_ids ({len(s)}) and loss_mask ({len(m)}) differ")
+            n = len(s)
+            input_ids[i, :n] = torch.as_tensor(s, dtype=torch.long)
+            attention[i, :n] = 1
+            loss_mask[i, :n] = torch.as_tensor(m, dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+
+    @staticmethod
+    def _as_list(x):
+        return x.tolist() if hasattr(x, "tolist") else list(x)

@@ -1,0 +1,456 @@
+"""Regenerate every assistant turn with the target itself (on-policy data).
+
+Multi-turn prompts are answered turn by turn: the target's own earlier answers are fed back
+as the history. Two backends: batched HF `generate` (CPU or GPU, left padding, the chat
+template with `add_generation_prompt`) and any OpenAI-compatible server (vLLM, SGLang) by URL.
+
+Resumable: `regenerated.jsonl` is appended row by row with the source row `index`; a rerun
+skips indices already there (a half-written last line from a kill is cut off first), so kill
+and rerun gives no duplicated and no lost rows. Sampling is per row: each row's random stream
+is seeded from `(seed, row index, turn)`, and batches are the fixed groups of `batch_size`
+consecutive rows of the prompt list, so a resumed run equals an uninterrupted one (with the
+same batch size; a different batch composition changes padding, which can flip near-ties in
+floating point).
+
+Files in the output directory: `regenerated.jsonl`, `failures.jsonl` (one line per failed
+attempt with its reason; failed rows are retried by the next run), `rejected.jsonl` (input
+rows that could not be normalised), `run.json` (the settings; a rerun with other settings is
+refused) and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+OUTPUT = "regenerated.jsonl"
+FAILURES = "failures.jsonl"
+REJECTED = "rejected.jsonl"
+RUN = "run.json"
+SUMMARY = "summary.json"
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 256
+    seed: int = 0
+
+
+@dataclass
+class Reply:
+    text: str
+    tokens: int
+    finish_reason: str  # "stop" | "length"
+
+
+class GenerationFailed(RuntimeError):
+    pass
+
+
+def row_seed(seed: int, index: int, turn: int) -> int:
+    """The per-row, per-turn sampling seed (63 bits, the same on every machine)."""
+    digest = hashlib.sha256(f"{seed}:{index}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+class _RowSampler:
+    """A logits processor that samples each row from its own generator.
+
+    It returns scores that are -inf everywhere except the sampled token, so HF's greedy step
+    picks it: each row's draws depend only on its own seed, never on its batch neighbours.
+    """
+
+    def __init__(self, seeds, sampling: SamplingConfig, device):
+        self.gens = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        self.s = sampling
+
+    def __call__(self, input_ids, scores):
+        logits = scores.float() / self.s.temperature
+        if self.s.top_k and self.s.top_k > 0:
+            k = min(self.s.top_k, logits.shape[-1])
+            kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.s.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            drop = cum - sorted_logits.softmax(-1) >= self.s.top_p  # keep the first past top_p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        probs = logits.softmax(-1)
+        out = torch.full_like(scores, float("-inf"))
+        for i, g in enumerate(self.gens):
+            tok = torch.multinomial(probs[i], 1, generator=g)
+            out[i, tok] = 0.0
+        return out
+
+
+class HFBackend:
+    """Batched `model.generate` with left padding and the target's chat template."""
+
+    def __init__(self, model, tokenizer, chat_template_kwargs=None):
+        from dspark.data.masks import end_of_turn_ids
+
+        self.model, self.tok = model, tokenizer
+        self.kw = chat_template_kwargs or {}
+        stop = set(end_of_turn_ids(tokenizer, self.kw))
+        if tokenizer.eos_token_id is not None:
+            stop.add(tokenizer.eos_token_id)
+        self.stop_ids = sorted(stop)
+        self.pad_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        )
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, convs, seeds, sampling: SamplingConfig):
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        texts = [
+            self.tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **self.kw)
+            for c in convs
+        ]
+        side = self.tok.padding_side
+        self.tok.padding_side = "left"
+        try:
+            enc = self.tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+        finally:
+            self.tok.padding_side = side
+        enc = {k: v.to(self.device) for k, v in enc.items()}
+        cfg = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+        )
+        procs = LogitsProcessorList()
+        if sampling.temperature > 0:
+            procs.append(_RowSampler(seeds, sampling, self.device))
+        out = self.model.generate(**enc, generation_config=cfg, logits_processor=procs)
+        new = out[:, enc["input_ids"].shape[1] :].tolist()
+        replies = []
+        stop = set(self.stop_ids)
+        for row in new:
+            cut = next((j for j, t in enumerate(row) if t in stop), None)
+            body = row if cut is None else row[:cut]
+            text = self.tok.decode(body, skip_special_tokens=True)
+            replies.append(
+                Reply(text, len(body) + (cut is not None), "length" if cut is None else "stop")
+            )
+        return replies
+
+
+class OpenAIBackend:
+    """Any OpenAI-compatible server (vLLM, SGLang, ...): `POST {url}/v1/chat/completions`.
+
+    Requests of a batch run concurrently; each gets `seed = row_seed(...)`, so a server that
+    honours `seed` reproduces rows on a rerun. `top_k` is sent when set (vLLM/SGLang accept it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        retries: int = 2,
+        chat_template_kwargs=None,
+        max_workers: int = 8,
+    ):
+        base = url.rstrip("/")
+        self.base = base[:-3] if base.endswith("/v1") else base
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.timeout, self.retries = timeout, retries
+        self.kw = chat_template_kwargs or {}
+        self.max_workers = max_workers
+        self.model = model or self._first_model()
+
+    def _request(self, path: str, payload: dict | None = None) -> dict:
+        data = None if payload is None else json.dumps(payload).encode("utf-8")
+        req = urllib.request.Request(self.base + path, data=data, method="POST" if data else "GET")
+        req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            return json.loads(resp.read().decode("utf-8"))
+
+    def _first_model(self) -> str:
+        try:
+            models = self._request("/v1/models")["data"]
+            return models[0]["id"]
+        except Exception as e:
+            raise GenerationFailed(
+                f"cannot list models at {self.base}/v1/models ({e}); pass --server-model"
+            ) from e
+
+    def _one(self, conv, seed, s: SamplingConfig):
+        payload = {
+            "model": self.model,
+            "messages": conv,
+            "max_tokens": s.max_new_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "seed": seed,
+            "n": 1,
+        }
+        if s.top_k and s.top_k > 0:
+            payload["top_k"] = s.top_k
+        if self.kw:
+            payload["chat_template_kwargs"] = self.kw
+        last = None
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._request("/v1/chat/completions", payload)
+                choice = resp["choices"][0]
+                text = choice["message"]["content"]
+                if not isinstance(text, str):
+                    raise GenerationFailed(f"server returned no text content: {choice!r:.200}")
+                tokens = (resp.get("usage") or {}).get("completion_tokens") or 0
+                finish = "length" if choice.get("finish_reason") == "length" else "stop"
+                return Reply(text, int(tokens), finish)
+            except urllib.error.HTTPError as e:
+                body = e.read().decode("utf-8", "replace")[:300]
+                last = GenerationFailed(f"HTTP {e.code} from server: {body}")
+                if e.code < 500 and e.code != 429:
+                    break
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                last = GenerationFailed(f"server unreachable: {e}")
+            except (KeyError, IndexError, ValueError, GenerationFailed) as e:
+                last = GenerationFailed(f"bad server response: {e}")
+                break
+            time.sleep(min(2.0**attempt, 10.0))
+        return last
+
+    def generate(self, convs, seeds, sampling: SamplingConfig):
+        workers = max(1, min(self.max_workers, len(convs)))
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(lambda a: self._one(a[0], a[1], sampling), zip(convs, seeds)))
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _repair_and_read(path: Path) -> set[int]:
+    """Indices already in the output; cut off a half-written last line left by a kill."""
+    done: set[int] = set()
+    if not path.exists():
+        return done
+    good = 0
+    with open(path, "rb") as f:
+        data = f.read()
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break  # no newline: the line was cut by a kill
+        line = data[pos:nl]
+        try:
+            done.add(int(json.loads(line)["index"]))
+        except (ValueError, KeyError, TypeError):
+            break
+        pos = good = nl + 1
+    if good != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good)
+    return done
+
+
+def _check_run(out: Path, settings: dict) -> None:
+    run = out / RUN
+    if run.exists():
+        old = json.loads(run.read_text())
+        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(
+                f"{out} holds a regeneration run with other settings {diff} (old, new); "
+                "resume with the same settings or pick a new --output directory"
+            )
+    else:
+        run.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _split_turns(messages):
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    users = [m for m in messages if m["role"] == "user"]
+    return system, users
+
+
+def regenerate(
+    prompts,
+    backend,
+    output_dir,
+    *,
+    sampling: SamplingConfig | None = None,
+    batch_size: int = 8,
+    settings: dict | None = None,
+    progress: bool = True,
+    log=print,
+) -> dict:
+    """Answer every user turn of `prompts` (a `PromptSet`) with `backend`; return the summary.
+
+    Existing assistant turns in the prompts are dropped and regenerated. See the module
+    docstring for the files written and the resume guarantees.
+    """
+    from tqdm.auto import tqdm
+
+    sampling = sampling or SamplingConfig()
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_run(out, {"source": prompts.source, "sampling": asdict(sampling), **(settings or {})})
+    prompts.write_rejected(out / REJECTED)
+    done = _repair_and_read(out / OUTPUT)
+    rows = prompts.rows
+    todo = [r for r in rows if r["index"] not in done]
+    stats = {
+        "batch_size": batch_size,
+        "rows_total": len(rows),
+        "rows_skipped": len(rows) - len(todo),
+        "rows_done": 0,
+        "rows_failed": 0,
+        "rows_rejected": len(prompts.rejected),
+        "generated_tokens": 0,
+        "turns": 0,
+    }
+    t0 = time.monotonic()
+    bar = tqdm(
+        total=len(todo), unit="row", disable=not progress, dynamic_ncols=True, desc="regenerate"
+    )
+    with (
+        open(out / OUTPUT, "a", encoding="utf-8") as fout,
+        open(out / FAILURES, "a", encoding="utf-8") as ffail,
+    ):
+        for start in range(0, len(rows), batch_size):
+            batch = [r for r in rows[start : start + batch_size] if r["index"] not in done]
+            if not batch:
+                continue
+            results = _answer_batch(batch, backend, sampling)
+            for row, res in zip(batch, results):
+                if isinstance(res, dict):
+                    fout.write(json.dumps(res, ensure_ascii=False) + "\n")
+                    stats["rows_done"] += 1
+                    stats["generated_tokens"] += res["generated_tokens"]
+                    stats["turns"] += len(res["finish_reasons"])
+                else:
+                    turn, reason = res
+                    ffail.write(
+                        json.dumps(
+                            {"index": row["index"], "turn": turn, "reason": reason},
+                            ensure_ascii=False,
+                        )
+                        + "\n"
+                    )
+                    stats["rows_failed"] += 1
+            fout.flush()
+            ffail.flush()
+            os.fsync(fout.fileno())
+            bar.update(len(batch))
+            dt = max(time.monotonic() - t0, 1e-9)
+            bar.set_postfix(
+                tok_s=f"{stats['generated_tokens'] / dt:.1f}", failed=stats["rows_failed"]
+            )
+    bar.close()
+    elapsed = time.monotonic() - t0
+    stats.update(
+        elapsed_s=round(elapsed, 3),
+        tokens_per_s=round(stats["generated_tokens"] / max(elapsed, 1e-9), 2),
+        rows_in_output=len(_repair_and_read(out / OUTPUT)),
+        output=str(out / OUTPUT),
+    )
+    (out / SUMMARY).write_text(json.dumps(stats, indent=2) + "\n")
+    if log:
+        log(
+            f"regenerate: {stats['rows_done']} rows done, {stats['rows_failed']} failed, "
+            f"{stats['rows_skipped']} skipped (already done), {stats['rows_rejected']} rejected "
+            f"inputs; {stats['generated_tokens']} tokens in {elapsed:.1f}s "
+            f"({stats['tokens_per_s']} tok/s) -> {out / OUTPUT}"
+        )
+    return stats
+
+
+def _answer_batch(batch, backend, sampling):
+    """Per row: the output dict, or `(turn, reason)` when a turn failed."""
+    state = []
+    for row in batch:
+        system, users = _split_turns(row["messages"])
+        state.append(
+            {
+                "row": row,
+                "history": list(system),
+                "users": users,
+                "finish": [],
+                "tokens": 0,
+                "error": None,
+            }
+        )
+    turn = 0
+    while True:
+        active = [s for s in state if s["error"] is None and turn < len(s["users"])]
+        if not active:
+            break
+        convs = [s["history"] + [s["users"][turn]] for s in active]
+        seeds = [row_seed(sampling.seed, s["row"]["index"], turn) for s in active]
+        replies = _generate_safely(backend, convs, seeds, sampling)
+        for s, conv, rep in zip(active, convs, replies):
+            if isinstance(rep, BaseException):
+                s["error"] = (turn, f"{type(rep).__name__}: {rep}")
+            elif not rep.text.strip():
+                s["error"] = (
+                    turn,
+                    f"empty answer from the target ({rep.tokens} tokens, "
+                    f"finish={rep.finish_reason})",
+                )
+            else:
+                s["history"] = conv + [{"role": "assistant", "content": rep.text}]
+                s["finish"].append(rep.finish_reason)
+                s["tokens"] += rep.tokens
+        turn += 1
+    results = []
+    for s in state:
+        if s["error"] is not None:
+            results.append(s["error"])
+        else:
+            results.append(
+                {
+                    "index": s["row"]["index"],
+                    "messages": s["history"],
+                    "finish_reasons": s["finish"],
+                    "generated_tokens": s["tokens"],
+                }
+            )
+    return results
+
+
+def _generate_safely(backend, convs, seeds, sampling):
+    """Run a batch; when the whole batch fails, retry its rows one by one to isolate bad ones."""
+    try:
+        return backend.generate(convs, seeds, sampling)
+    except Exception as e:
+        if len(convs) == 1:
+            return [e]
+        print(
+            f"regenerate: batch of {len(convs)} failed ({type(e).__name__}: {e}); "
+            "retrying its rows one by one",
+            file=sys.stderr,
+        )
+        out = []
+        for c, s in zip(convs, seeds):
+            try:
+                out.extend(backend.generate([c], [s], sampling))
+            except Exception as e1:
+                out.append(e1)
+        return out

@@ -1,0 +1,204 @@
+"""Tokenize regenerated conversations with the target's chat template and loss masks.
+
+Output (the contract with the training loop): a `datasets.Dataset` saved with `save_to_disk`
+holding `input_ids`, `loss_mask` (and the source row `index`), plus `manifest.json` in the
+same directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from dspark.data.masks import (
+    LossMaskError,
+    assistant_mask,
+    check_loss_masks,
+    end_of_turn_ids,
+    has_generation_markers,
+    template_of,
+)
+
+MANIFEST = "manifest.json"
+PREFLIGHT_ROWS = 32
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """SHA-256 of the tokenizer's vocabulary and merges (fast) or its sorted vocab (slow)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return _sha(backend.to_str())
+    return _sha(json.dumps(sorted(tokenizer.get_vocab().items())))
+
+
+def chat_template_hash(tokenizer) -> str:
+    return _sha(template_of(tokenizer))
+
+
+def tokenize_rows(
+    rows,
+    tokenizer,
+    *,
+    max_length: int = 2048,
+    method: str = "auto",
+    chat_template_kwargs=None,
+    preflight: bool = True,
+):
+    """Tokenize rows with `messages`; return `(datasets.Dataset, stats)`.
+
+    Rows without an assistant turn are skipped, rows truncated to `max_length` that keep no
+    assistant token are dropped; both are counted in `stats`. The preflight
+    (`check_loss_masks`) runs on the first rows before the rest are tokenized, then on all.
+    """
+    import datasets
+
+    eot = end_of_turn_ids(tokenizer, chat_template_kwargs)
+    out = {"index": [], "input_ids": [], "loss_mask": []}
+    kept_msgs = []
+    stats = {"rows_in": 0, "no_assistant": 0, "truncated": 0, "truncated_away": 0}
+    used = method
+    for i, row in enumerate(rows):
+        stats["rows_in"] += 1
+        msgs = row["messages"]
+        if not any(m["role"] == "assistant" for m in msgs):
+            stats["no_assistant"] += 1
+            continue
+        ids, mask, used = assistant_mask(
+            tokenizer, msgs, method=method, eot_ids=eot, chat_template_kwargs=chat_template_kwargs
+        )
+        if len(ids) > max_length:
+            stats["truncated"] += 1
+            ids, mask = ids[:max_length], mask[:max_length]
+            if not any(mask):
+                stats["truncated_away"] += 1
+                continue
+        out["index"].append(int(row.get("source_index", row.get("index", i))))
+        out["input_ids"].append(ids)
+        out["loss_mask"].append(mask)
+        kept_msgs.append(msgs)
+        if preflight and len(kept_msgs) == PREFLIGHT_ROWS:
+            _preflight(tokenizer, kept_msgs, out, eot, max_length)
+    if not out["input_ids"]:
+        raise LossMaskError(
+            f"no trainable rows: {stats['no_assistant']} rows had no assistant turn and "
+            f"{stats['truncated_away']} lost all assistant tokens to max_length={max_length}. "
+            "Regenerate the assistant turns first (data_scripts/regenerate.py) or raise "
+            "--max-length."
+        )
+    if preflight:
+        _preflight(tokenizer, kept_msgs, out, eot, max_length)
+    n_tok = sum(len(x) for x in out["input_ids"])
+    n_mask = sum(sum(x) for x in out["loss_mask"])
+    stats.update(
+        rows=len(out["input_ids"]),
+        tokens=n_tok,
+        assistant_tokens=n_mask,
+        assistant_share=n_mask / max(n_tok, 1),
+        mask_method=used,
+        end_of_turn_ids=eot,
+        max_seq_len=max(len(x) for x in out["input_ids"]),
+    )
+    feats = datasets.Features(
+        {
+            "index": datasets.Value("int64"),
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "loss_mask": datasets.Sequence(datasets.Value("int8")),
+        }
+    )
+    return datasets.Dataset.from_dict(out, features=feats), stats
+
+
+def _preflight(tokenizer, msgs, out, eot, max_length):
+    rows = (
+        {"messages": m, "input_ids": i, "loss_mask": k}
+        for m, i, k in zip(msgs, out["input_ids"], out["loss_mask"])
+    )
+    check_loss_masks(
+        tokenizer, list(rows), eot_ids=eot, max_rows=PREFLIGHT_ROWS, max_length=max_length
+    )
+
+
+def save_tokenized(
+    ds,
+    out_dir: str | os.PathLike,
+    stats: dict,
+    *,
+    target: str,
+    tokenizer,
+    max_length: int,
+    source: str | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """`ds.save_to_disk(out_dir)` plus `manifest.json` beside the data files."""
+    out = Path(out_dir)
+    ds.save_to_disk(str(out))
+    manifest = {
+        "format": "dspark-tokenized-v1",
+        "target": target,
+        "tokenizer": getattr(tokenizer, "name_or_path", None),
+        "tokenizer_hash": tokenizer_hash(tokenizer),
+        "chat_template_hash": chat_template_hash(tokenizer),
+        "generation_markers": has_generation_markers(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id
+        if tokenizer.pad_token_id is not None
+        else tokenizer.eos_token_id,
+        "max_length": max_length,
+        "source": source,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **stats,
+        **(extra or {}),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return out
+
+
+def load_manifest(data_dir: str | os.PathLike) -> dict:
+    return json.loads((Path(data_dir) / MANIFEST).read_text())
+
+
+def tokenize_file(
+    input_path: str,
+    output_dir: str,
+    *,
+    target: str,
+    max_length: int = 2048,
+    method: str = "auto",
+    chat_template_kwargs=None,
+    tokenizer=None,
+) -> dict:
+    """Tokenize a regenerated JSONL (or any prompt source whose rows have assistant turns)."""
+    from dspark.data.sources import load_prompts
+
+    if tokenizer is None:
+        from dspark.target import load_tokenizer
+
+        tokenizer = load_tokenizer(target)
+    prompts = load_prompts(input_path)
+    ds, stats = tokenize_rows(
+        prompts.rows,
+        tokenizer,
+        max_length=max_length,
+        method=method,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    stats["rejected_rows"] = len(prompts.rejected)
+    save_tokenized(
+        ds,
+        output_dir,
+        stats,
+        target=target,
+        tokenizer=tokenizer,
+        max_length=max_length,
+        source=str(input_path),
+        extra={"chat_template_kwargs": chat_template_kwargs or {}},
+    )
+    if prompts.rejected:
+        prompts.write_rejected(Path(output_dir) / "rejected.jsonl")
+    return stats
