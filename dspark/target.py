@@ -50,7 +50,7 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
     if spec.startswith(TINY_PREFIX):
         from dspark.tiny import TINY_ARCHS, build_tiny_target
 
-        arch = spec[len(TINY_PREFIX):]
+        arch = spec[len(TINY_PREFIX) :]
         if arch not in TINY_ARCHS:
             raise TargetNotFoundError(
                 f"Unknown tiny target {spec!r}; use one of "
@@ -89,10 +89,18 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
     if isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
     try:
-        return {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
-                "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}[dtype]
+        return {
+            "fp32": torch.float32,
+            "float32": torch.float32,
+            "bf16": torch.bfloat16,
+            "bfloat16": torch.bfloat16,
+            "fp16": torch.float16,
+            "float16": torch.float16,
+        }[dtype]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+        raise ValueError(
+            f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16"
+        ) from None
 
 
 def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None):

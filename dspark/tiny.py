@@ -16,11 +16,23 @@ import torch
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
 
 _SPECIALS = {
-    "llama": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-              "<|eot_id|>", "<|reserved_0|>"],
+    "llama": [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+        "<|reserved_0|>",
+    ],
     "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|reserved_0|>"],
-    "qwen3": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
-              "<|reserved_0|>"],
+    "qwen3": [
+        "<|endoftext|>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<think>",
+        "</think>",
+        "<|reserved_0|>",
+    ],
 }
 
 # Llama-3 style: header blocks, <|eot_id|> ends a turn, no generation markers.
@@ -84,8 +96,9 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384):
     tok.train_from_iterator(_corpus(), trainer=trainer)
     kwargs = {"chat_template": _TEMPLATES[arch]}
     if arch == "llama":
-        kwargs.update(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
-                      pad_token="<|end_of_text|>")
+        kwargs.update(
+            bos_token="<|begin_of_text|>", eos_token="<|eot_id|>", pad_token="<|end_of_text|>"
+        )
     else:
         kwargs.update(eos_token="<|im_end|>", pad_token="<|endoftext|>")
     return PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
@@ -111,8 +124,9 @@ def tiny_config(arch: str, vocab_size: int, num_layers: int = 4, **overrides):
     return cls(**kw)
 
 
-def build_tiny_target(arch: str, out_dir: str | os.PathLike, *, num_layers: int = 4,
-                      seed: int = 0) -> Path:
+def build_tiny_target(
+    arch: str, out_dir: str | os.PathLike, *, num_layers: int = 4, seed: int = 0
+) -> Path:
     """Write a tiny random `arch` target (config, safetensors, tokenizer) to `out_dir`.
 
     Atomic: built in a sibling temp dir and renamed, so a killed build leaves nothing that a
@@ -127,9 +141,14 @@ def build_tiny_target(arch: str, out_dir: str | os.PathLike, *, num_layers: int 
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tok = build_tiny_tokenizer(arch)
-    cfg = tiny_config(arch, vocab_size=len(tok), num_layers=num_layers,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      bos_token_id=tok.bos_token_id)
+    cfg = tiny_config(
+        arch,
+        vocab_size=len(tok),
+        num_layers=num_layers,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     # Sharper random logits than the default init, so greedy/sampled tests see real choices.

@@ -11,16 +11,21 @@ def test_loads_each_tiny_architecture(tiny_target, arch):
     assert model.config.model_type == arch
     assert not any(p.requires_grad for p in model.parameters())
     assert not model.training
-    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     logits = model(ids).logits
     assert logits.shape == (1, ids.shape[1], model.config.vocab_size)
     assert torch.isfinite(logits).all()
 
 
 def test_tiny_targets_are_deterministic(tiny_target_dir, tmp_path):
-    from dspark.tiny import build_tiny_target
     from safetensors.torch import load_file
+
+    from dspark.tiny import build_tiny_target
 
     a = load_file(f"{tiny_target_dir('llama')}/model.safetensors")
     b = load_file(f"{build_tiny_target('llama', tmp_path / 'again')}/model.safetensors")

@@ -1,0 +1,107 @@
+"""Build the parts of a distillation run from its (validated) run config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from dspark.target import load_target
+
+
+def build_draft(cfg, device: torch.device):
+    """The frozen target, its tokenizer, and the draft (fresh from the target, or `init_from`)."""
+    from dspark.config import DSparkConfig, choose_mask_token_id
+    from dspark.modeling import DSparkDraftModel
+
+    target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
+    d = cfg.draft
+    if d.init_from:
+        draft = DSparkDraftModel.from_pretrained(d.init_from)
+        if draft.config.hidden_size != target.config.hidden_size:
+            raise ValueError(
+                f"draft.init_from={d.init_from} was trained for a target of hidden size "
+                f"{draft.config.hidden_size}, but {cfg.target.name} has "
+                f"{target.config.hidden_size}"
+            )
+        draft._freeze_target_copies() if hasattr(draft, "_freeze_target_copies") else None
+    else:
+        config = DSparkConfig.from_target_config(
+            target.config,
+            num_hidden_layers=d.num_hidden_layers,
+            block_size=d.block_size,
+            target_layer_ids=list(d.target_layer_ids) if d.target_layer_ids is not None else None,
+            num_tapped_layers=d.num_target_layers_tapped,
+            mask_token_id=d.mask_token_id
+            if d.mask_token_id is not None
+            else choose_mask_token_id(tokenizer, target.config.vocab_size),
+            num_anchors=d.num_anchors,
+            markov_rank=d.markov_rank,
+            markov_head_type=d.markov_head_type,
+            enable_confidence_head=d.enable_confidence_head,
+            confidence_head_with_markov=d.confidence_head_with_markov,
+            target_name_or_path=cfg.target.name,
+        )
+        draft = DSparkDraftModel.from_target(target, config)
+    return target, tokenizer, draft.to(device)
+
+
+def build_objective_for(cfg, target, draft_config):
+    from dspark.objectives import build_objective
+
+    o = cfg.objective
+    return build_objective(
+        o.name,
+        target,
+        draft_config,
+        ce_weight=o.ce_weight,
+        l1_weight=o.l1_weight,
+        confidence_weight=o.confidence_weight,
+        loss_decay_gamma=o.loss_decay_gamma,
+    )
+
+
+def load_datasets(cfg, tokenizer):
+    """Train and held-out splits of a tokenized dataset dir (`input_ids`, `loss_mask`)."""
+    from datasets import load_from_disk
+
+    def load(path: str):
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise FileNotFoundError(
+                f"data dir {p} does not exist. Make one with `python data_scripts/regenerate.py "
+                f"... --tokenize` (see README), or point data.train at an existing tokenized set."
+            )
+        ds = load_from_disk(str(p))
+        missing = {"input_ids", "loss_mask"} - set(ds.column_names)
+        if missing:
+            raise ValueError(
+                f"{p} lacks columns {sorted(missing)}; it is not a tokenized training set"
+            )
+        return ds.select_columns(["input_ids", "loss_mask"])
+
+    train = load(cfg.data.train)
+    if cfg.data.eval:
+        held_out = load(cfg.data.eval)
+    else:
+        split = train.train_test_split(test_size=cfg.data.eval_fraction, seed=cfg.trainer.seed)
+        train, held_out = split["train"], split["test"]
+    if len(held_out) > cfg.data.max_eval_rows:
+        held_out = held_out.select(range(cfg.data.max_eval_rows))
+    if len(train) == 0 or len(held_out) == 0:
+        raise ValueError(f"empty split: {len(train)} train rows, {len(held_out)} held-out rows")
+    return train, held_out
+
+
+def make_loader(ds, tokenizer, cfg, shuffle: bool) -> DataLoader:
+    from dspark.data.collate import PadCollator
+
+    return DataLoader(
+        ds,
+        batch_size=cfg.data.batch_size,
+        shuffle=shuffle,
+        num_workers=cfg.data.num_workers,
+        drop_last=False,
+        collate_fn=PadCollator(tokenizer.pad_token_id, max_length=cfg.data.max_length),
+    )

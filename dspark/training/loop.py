@@ -1,0 +1,195 @@
+"""The one training loop (Accelerate): every method plugs in as an objective.
+
+build parts from the run config -> one `prepare` -> accumulate / backward / clip / step,
+periodic held-out eval, atomic checkpoints with full resume, metrics to JSONL (+ W&B).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from omegaconf import OmegaConf
+from tqdm.auto import tqdm
+
+from dspark.training.build import build_draft, build_objective_for, load_datasets, make_loader
+from dspark.training.checkpoint import Progress, latest_checkpoint, publish_draft, save_checkpoint
+from dspark.training.optim import build_optimizer, warmup_cosine
+from dspark.training.report import write_report
+from dspark.training.tracking import JsonlLog, init_tracking
+
+
+@dataclass
+class AccelerateReducer:
+    """Sums over ranks (token-pooled normalisation needs global denominators)."""
+
+    accelerator: Accelerator
+
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        return (
+            self.accelerator.reduce(t.detach().clone(), reduction="sum")
+            if self.world_size > 1
+            else t
+        )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run(cfg) -> dict:
+    """Train a draft as `cfg` (a validated `DistillConfig`) says; returns the final results."""
+    t_cfg = cfg.trainer
+    out = Path(t_cfg.output_dir)
+    if t_cfg.threads:
+        torch.set_num_threads(t_cfg.threads)
+    accelerator = Accelerator(
+        mixed_precision=t_cfg.mixed_precision,
+        gradient_accumulation_steps=t_cfg.gradient_accumulation_steps,
+        log_with="wandb" if cfg.tracking.backend == "wandb" else None,
+        project_dir=str(out),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    set_seed(t_cfg.seed)
+    main = accelerator.is_main_process
+    target, tokenizer, draft = build_draft(cfg, accelerator.device)
+    objective = build_objective_for(cfg, target, draft.config)
+    train_ds, eval_ds = load_datasets(cfg, tokenizer)
+    train_dl = make_loader(train_ds, tokenizer, cfg, shuffle=cfg.data.shuffle)
+    eval_dl = make_loader(eval_ds, tokenizer, cfg, shuffle=False)
+
+    optimizer = build_optimizer(draft, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
+    draft, optimizer, train_dl, eval_dl = accelerator.prepare(draft, optimizer, train_dl, eval_dl)
+    steps_per_epoch = max(1, len(train_dl) // t_cfg.gradient_accumulation_steps)
+    total = t_cfg.max_steps or max(1, math.ceil(t_cfg.epochs * steps_per_epoch))
+    # Not prepared: Accelerate would step it once per process; it steps once per optimizer step.
+    scheduler = warmup_cosine(optimizer, total, cfg.optim.warmup_ratio, cfg.optim.min_lr_ratio)
+    progress = Progress()
+    accelerator.register_for_checkpointing(scheduler, progress)
+
+    resumed_from = latest_checkpoint(out) if t_cfg.resume else None
+    if resumed_from:
+        accelerator.load_state(str(resumed_from))
+        accelerator.print(f"resumed from {resumed_from} at step {progress.step}")
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run_config.json").write_text(json.dumps(run_config, indent=2))
+    init_tracking(accelerator, cfg.tracking, out, run_config)
+    log = JsonlLog(out / "metrics.jsonl", main)
+    reducer = AccelerateReducer(accelerator)
+
+    def evaluate() -> dict:
+        draft.eval()
+        sums, n = {}, 0
+        with torch.no_grad():
+            for batch in eval_dl:
+                m = objective.evaluate(draft, batch, reducer)
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                n += 1
+        draft.train()
+        return {f"eval/{k}": v / max(1, n) for k, v in sums.items()}
+
+    bar = tqdm(
+        total=total, initial=progress.step, desc="distill", disable=not main, dynamic_ncols=True
+    )
+    draft.train()
+    tokens, t_window = 0, time.perf_counter()
+    history: list[dict] = []
+    while progress.step < total:
+        train_dl.set_epoch(progress.epoch)
+        batches = (
+            accelerator.skip_first_batches(train_dl, progress.batches_in_epoch)
+            if progress.batches_in_epoch
+            else train_dl
+        )
+        for batch in batches:
+            with accelerator.accumulate(draft):
+                loss, metrics = objective.step(draft, batch, reducer)
+                accelerator.backward(loss)
+                grad_norm = None
+                if accelerator.sync_gradients and cfg.optim.grad_clip > 0:
+                    grad_norm = accelerator.clip_grad_norm_(draft.parameters(), cfg.optim.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            progress.batches_in_epoch += 1
+            tokens += int(reducer.sum(batch["attention_mask"].sum()))
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            progress.step += 1
+            bar.update(1)
+            if progress.step % t_cfg.log_every == 0 or progress.step == total:
+                dt = time.perf_counter() - t_window
+                record = {
+                    "step": progress.step,
+                    "epoch": progress.epoch,
+                    "lr": scheduler.get_last_lr()[0],
+                    "tokens_per_s": tokens / dt,
+                    "peak_memory_mb": peak_memory_mb(accelerator.device),
+                    **{f"train/{k}": float(v) for k, v in metrics.items()},
+                }
+                if grad_norm is not None:
+                    record["grad_norm"] = float(grad_norm)
+                history.append(record)
+                log.write(record)
+                accelerator.log(record, step=progress.step)
+                bar.set_postfix(
+                    loss=f"{float(metrics.get('loss', loss)):.4f}",
+                    tau=f"{float(metrics.get('tau_probabilistic', 0)):.2f}",
+                )
+                tokens, t_window = 0, time.perf_counter()
+            if t_cfg.eval_every and progress.step % t_cfg.eval_every == 0 and progress.step < total:
+                record = {"step": progress.step, **evaluate()}
+                log.write(record)
+                accelerator.log(record, step=progress.step)
+            if t_cfg.save_every and progress.step % t_cfg.save_every == 0 and progress.step < total:
+                save_checkpoint(accelerator, draft, progress, out, t_cfg.keep_last)
+            if progress.step >= total:
+                break
+        else:
+            progress.epoch += 1
+            progress.batches_in_epoch = 0
+    bar.close()
+
+    final_eval = {"step": progress.step, **evaluate()}
+    log.write(final_eval)
+    accelerator.log(final_eval, step=progress.step)
+    save_checkpoint(accelerator, draft, progress, out, t_cfg.keep_last)
+    draft_dir = publish_draft(accelerator, draft, out)
+    results = {
+        "draft": str(draft_dir),
+        "steps": progress.step,
+        "resumed_from": str(resumed_from or ""),
+        "final_eval": final_eval,
+        "last_train": history[-1] if history else {},
+        "conditions": {
+            "target": cfg.target.name,
+            "target_dtype": cfg.target.dtype,
+            "device": str(accelerator.device),
+            "processes": accelerator.num_processes,
+            "mixed_precision": t_cfg.mixed_precision,
+            "block_size": cfg.draft.block_size,
+            "batch_per_device": cfg.data.batch_size,
+            "grad_accum": t_cfg.gradient_accumulation_steps,
+            "torch_threads": torch.get_num_threads(),
+        },
+    }
+    if main:
+        write_report(out, results, run_config)
+    accelerator.end_training()
+    return results

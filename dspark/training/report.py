@@ -1,0 +1,83 @@
+"""The human side of a run: `results.json`, `report.md` and a training-curve PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _curves(out: Path) -> Path | None:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    train = [r for r in rows if "train/loss" in r]
+    if not train:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    steps = [r["step"] for r in train]
+    a.plot(steps, [r["train/loss"] for r in train], label="train loss")
+    ev = [r for r in rows if "eval/loss" in r]
+    if ev:
+        a.plot([r["step"] for r in ev], [r["eval/loss"] for r in ev], "o-", label="held-out loss")
+    a.set_xlabel("optimizer step")
+    a.legend()
+    key = "train/tau_probabilistic"
+    if any(key in r for r in train):
+        b.plot(steps, [r.get(key, float("nan")) for r in train], label="train tau_prob")
+    if any("eval/tau_probabilistic" in r for r in ev):
+        b.plot(
+            [r["step"] for r in ev],
+            [r["eval/tau_probabilistic"] for r in ev],
+            "o-",
+            label="held-out tau_prob",
+        )
+    b.set_xlabel("optimizer step")
+    b.legend()
+    fig.tight_layout()
+    png = out / "training_curves.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def write_report(out: Path, results: dict, run_config: dict) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    c = results["conditions"]
+    ev = results["final_eval"]
+    last = results.get("last_train", {})
+    lines = [
+        f"# Distillation report: {out}",
+        "",
+        f"Conditions: target `{c['target']}` ({c['target_dtype']}), device {c['device']} x "
+        f"{c['processes']} process(es), mixed precision {c['mixed_precision']}, block size "
+        f"{c['block_size']}, {c['batch_per_device']} sequences/device/micro-step x "
+        f"{c['grad_accum']} accumulation, torch threads {c['torch_threads']}, "
+        f"data `{run_config['data']['train']}`.",
+        "",
+        f"Draft written to `{results['draft']}` after {results['steps']} optimizer steps.",
+        "",
+        "| held-out metric | value |",
+        "|---|---|",
+    ]
+    lines += [
+        f"| {k.removeprefix('eval/')} | {v:.4f} |"
+        for k, v in ev.items()
+        if k != "step" and isinstance(v, float)
+    ]
+    if last:
+        lines += [
+            "",
+            f"Last logged training step: {last.get('step')}, "
+            f"{last.get('tokens_per_s', 0):.0f} tokens/s, peak memory "
+            f"{last.get('peak_memory_mb', 0):.0f} MB.",
+        ]
+    png = _curves(out)
+    if png:
+        lines += ["", f"![training curves]({png.name})"]
+    (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,146 @@
+"""The run config of `train/distill.py`: dataclass schemas, each default written here once.
+
+Hydra merges `conf/` group files and a `recipes/` experiment onto `DistillConfig`, so an
+unknown or misspelt key, or a value of the wrong type, is an error before anything runs.
+Model fields that travel with the weights (`config.json`) are built from `DraftConfig` once,
+at draft creation; this run config is never shipped with a checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING
+
+
+@dataclass
+class TargetConfig:
+    name: str = "embedded"  # HF id, local dir, embedded (SmolLM2-135M) or tiny-{llama,qwen2,qwen3}
+    dtype: str = "float32"  # the frozen target's own dtype: float32 | bfloat16 | float16
+
+
+@dataclass
+class DraftConfig:
+    init_from: str | None = None  # an existing draft dir to fine-tune; None builds a fresh one
+    num_hidden_layers: int = 5
+    block_size: int = 7
+    target_layer_ids: list[int] | None = None  # None: spread evenly over 1..N-3
+    num_target_layers_tapped: int = 5
+    mask_token_id: int | None = None  # None: an unused special token of the tokenizer
+    num_anchors: int = 512
+    markov_rank: int = 256  # 0: no Markov head (pure DFlash)
+    markov_head_type: str = "vanilla"  # vanilla | gated | rnn
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+
+
+@dataclass
+class DataConfig:
+    train: str = MISSING  # a tokenized dataset dir (data_scripts/regenerate.py --tokenize)
+    # When `train` does not exist yet and `prompts` is set (embedded | a prompt file), the run
+    # first regenerates those prompts with the target and tokenizes them into `train`.
+    prompts: str | None = None
+    prompts_limit: int | None = None
+    answer_tokens: int = 128
+    eval: str | None = None  # held-out tokenized dir; None: carve eval_fraction off train
+    eval_fraction: float = 0.05
+    max_eval_rows: int = 256
+    max_length: int = 4096
+    batch_size: int = 4  # sequences per device per micro-step
+    num_workers: int = 0
+    shuffle: bool = True
+
+
+@dataclass
+class ObjectiveConfig:
+    name: str = "dspark"
+    ce_weight: float = 0.1
+    l1_weight: float = 0.9
+    confidence_weight: float = 1.0
+    loss_decay_gamma: float = 4.0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    grad_clip: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    output_dir: str = "${hydra:runtime.output_dir}"  # runs/<recipe>, or a sweep job's own dir
+    epochs: float = 10.0
+    max_steps: int | None = None  # overrides epochs when set
+    gradient_accumulation_steps: int = 1
+    mixed_precision: str = "no"  # no | bf16 | fp16 (Accelerate's)
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 200  # optimizer steps; 0 disables periodic eval (a final eval still runs)
+    save_every: int = 200  # optimizer steps; 0 saves only at the end
+    keep_last: int = 2
+    resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
+    attention: str = "auto"  # auto | sdpa | flex (flex needs CUDA)
+    threads: int | None = None  # torch CPU threads; None keeps torch's default
+
+
+@dataclass
+class TrackingConfig:
+    backend: str = "wandb"  # wandb | none (local JSONL metrics are always written)
+    project: str = "dspark"
+    run_name: str | None = None
+    mode: str = "auto"  # auto (online with WANDB_API_KEY, else offline) | online | offline
+
+
+@dataclass
+class DistillConfig:
+    target: TargetConfig = field(default_factory=TargetConfig)
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+_CHOICES = {
+    ("draft", "markov_head_type"): ("vanilla", "gated", "rnn"),
+    ("trainer", "mixed_precision"): ("no", "bf16", "fp16"),
+    ("trainer", "attention"): ("auto", "sdpa", "flex"),
+    ("tracking", "backend"): ("wandb", "none"),
+    ("tracking", "mode"): ("auto", "online", "offline"),
+    ("target", "dtype"): ("float32", "bfloat16", "float16", "auto"),
+}
+
+
+def check(cfg: Any) -> None:
+    """Value checks a type cannot express; each error names the key and the allowed values."""
+    for (group, key), allowed in _CHOICES.items():
+        value = cfg[group][key]
+        if value not in allowed:
+            raise ValueError(f"{group}.{key}={value!r} is not one of {allowed}")
+    if cfg.draft.block_size < 1:
+        raise ValueError(f"draft.block_size must be >= 1, got {cfg.draft.block_size}")
+    if cfg.draft.markov_rank < 0:
+        raise ValueError("draft.markov_rank must be >= 0 (0 disables the Markov head)")
+    if not 0.0 <= cfg.data.eval_fraction < 1.0:
+        raise ValueError("data.eval_fraction must be in [0, 1)")
+
+
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def register_configs(recipes_dir: Path = RECIPES_DIR) -> None:
+    """Register the schema and every `recipes/*.yaml` as the `recipe` group (`recipe=NAME`)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    cs = ConfigStore.instance()
+    cs.store(name="distill_schema", node=DistillConfig)
+    for path in sorted(recipes_dir.glob("*.yaml")):
+        cs.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
