@@ -47,8 +47,9 @@ def _sync(device) -> None:
 
 
 @torch.inference_mode()
-def hf_generate(model, prompt: list[int], max_new_tokens: int, eos_token_id, pad_token_id,
-                **kwargs) -> tuple[list[int], float]:
+def hf_generate(
+    model, prompt: list[int], max_new_tokens: int, eos_token_id, pad_token_id, **kwargs
+) -> tuple[list[int], float]:
     """Greedy `model.generate` on one prompt; returns (new tokens, wall seconds)."""
     device = model.device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
@@ -68,7 +69,7 @@ def hf_generate(model, prompt: list[int], max_new_tokens: int, eos_token_id, pad
     )
     _sync(device)
     seconds = time.perf_counter() - start
-    new = out[0, ids.shape[1]:].tolist()
+    new = out[0, ids.shape[1] :].tolist()
     return _until_eos(new, eos_token_id), seconds
 
 
@@ -80,8 +81,12 @@ def _until_eos(tokens: list[int], eos_token_id) -> list[int]:
     return tokens
 
 
-def baseline_kwargs(name: str, assistant=None, prompt_lookup_num_tokens: int = 10,
-                    num_assistant_tokens: int | None = None) -> dict:
+def baseline_kwargs(
+    name: str,
+    assistant=None,
+    prompt_lookup_num_tokens: int = 10,
+    num_assistant_tokens: int | None = None,
+) -> dict:
     """`generate` kwargs that select baseline `name`."""
     if name == "hf_generate":
         return {}

@@ -36,13 +36,15 @@ def reliability_bins(probs, labels, n_bins: int = DEFAULT_BINS) -> list[dict]:
     for b in range(n_bins):
         sel = idx == b
         n = int(sel.sum())
-        out.append({
-            "lo": b / n_bins,
-            "hi": (b + 1) / n_bins,
-            "count": n,
-            "confidence": float(p[sel].mean()) if n else None,
-            "accuracy": float(y[sel].mean()) if n else None,
-        })
+        out.append(
+            {
+                "lo": b / n_bins,
+                "hi": (b + 1) / n_bins,
+                "count": n,
+                "confidence": float(p[sel].mean()) if n else None,
+                "accuracy": float(y[sel].mean()) if n else None,
+            }
+        )
     return out
 
 
@@ -52,7 +54,6 @@ def ece(probs, labels, n_bins: int = DEFAULT_BINS) -> float | None:
     if p.size == 0:
         return None
     idx = _bin_index(p, n_bins)
-    counts = np.bincount(idx, minlength=n_bins)
     sum_p = np.bincount(idx, weights=p, minlength=n_bins)
     sum_y = np.bincount(idx, weights=y, minlength=n_bins)
     return float(np.abs(sum_p - sum_y).sum() / p.size)

@@ -29,7 +29,9 @@ def acceptance_stats(accept_lengths, verify_lengths, block_size: int) -> dict:
         raise ValueError(f"{len(acc)} accept lengths but {len(ver)} verify lengths")
     bad = [(a, v) for a, v in zip(acc, ver) if not 0 <= a <= v <= block_size]
     if bad:
-        raise ValueError(f"rounds with impossible (accepted, verified) {bad[:5]} for block {block_size}")
+        raise ValueError(
+            f"rounds with impossible (accepted, verified) {bad[:5]} for block {block_size}"
+        )
     rounds = len(acc)
     conditional, survival, realised, trials = [], [], [], []
     running = 1.0

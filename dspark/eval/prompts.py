@@ -29,8 +29,10 @@ def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
                 continue
             row = json.loads(line)
             turns = row.get("turns") if isinstance(row, dict) else None
-            if not isinstance(turns, list) or not turns or not all(
-                isinstance(t, str) for t in turns
+            if (
+                not isinstance(turns, list)
+                or not turns
+                or not all(isinstance(t, str) for t in turns)
             ):
                 raise ValueError(
                     f"{path}:{lineno}: expected an object with a non-empty list of strings under "
@@ -44,16 +46,10 @@ def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
 
 def load_embedded(limit: int | None = None) -> list[list[str]]:
     """The project's embedded default prompt set, held-out (test) split, as turn lists."""
-    try:
-        from dspark.data import embedded_prompts
-    except ImportError as err:  # the data pipeline is a separate part of dspark
-        raise RuntimeError(
-            "the embedded prompt set needs dspark.data.embedded_prompts, which this install "
-            f"lacks ({err}); benchmark the bench files instead (datasets=[gsm8k,...])"
-        ) from err
-    rows = embedded_prompts(split="test")
-    conversations = [_as_turns(row) for row in rows]
-    return conversations[:limit] if limit is not None else conversations
+    from dspark.data.embedded import embedded_prompts
+
+    rows = embedded_prompts(split="test", n=limit)
+    return [_as_turns(row) for row in rows]
 
 
 def _as_turns(row) -> list[str]:

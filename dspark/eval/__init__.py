@@ -1,0 +1,1 @@
+"""Benchmarking DSpark drafts: prompt sets, metrics, calibration, baselines, report, plots."""

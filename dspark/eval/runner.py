@@ -1,0 +1,441 @@
+"""The benchmark run: prompts -> every decoder on the same prompts -> results dict.
+
+Per dataset (and per turn stage when `all_turns`), requests go through, batch by batch and
+interleaved so machine-load drift hits every method alike: dspark's autoregressive baseline
+(`generate_autoregressive`), dspark's speculative decoder, then transformers' own decoders
+(greedy, batch 1). Every call is timed with `perf_counter` around it (CUDA synchronised);
+untimed warm-up calls come first. Later turns are rendered with the target's own earlier
+answers (the autoregressive baseline's output, i.e. exactly what the target says).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from dspark.eval import baselines as hf
+from dspark.eval import calibration as cal
+from dspark.eval.metrics import acceptance_stats, ratio, throughput
+from dspark.eval.prompts import load_dataset, render
+
+RESULTS_VERSION = 1
+
+
+@dataclass
+class Timer:
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.tokens += int(tokens)
+        self.seconds += float(seconds)
+
+    def report(self) -> dict:
+        return throughput(self.tokens, self.seconds)
+
+
+@dataclass
+class DatasetRecord:
+    """Everything measured on one dataset, before it is summarised."""
+
+    name: str
+    conversations: int = 0
+    prompt_tokens: list[int] = field(default_factory=list)
+    accept_lengths: list[list[int]] = field(default_factory=list)
+    verify_lengths: list[list[int]] = field(default_factory=list)
+    confidences: list[list[list[float]]] = field(default_factory=list)
+    spec_tokens: list[int] = field(default_factory=list)
+    matches: list[bool] = field(default_factory=list)  # speculative == autoregressive (T = 0)
+    hf_matches: list[bool] = field(default_factory=list)  # hf_generate == autoregressive
+    timers: dict[str, Timer] = field(default_factory=dict)
+
+    def timer(self, name: str) -> Timer:
+        return self.timers.setdefault(name, Timer())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def eos_ids(tokenizer, target) -> list[int]:
+    """End-of-sequence ids: the tokenizer's EOS plus the target's generation-config EOS."""
+    ids = []
+    for src in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
+        for t in src if isinstance(src, (list, tuple)) else [src]:
+            if t is not None and int(t) not in ids:
+                ids.append(int(t))
+    return ids
+
+
+def _strip_eos(tokens: list[int], eos: list[int]) -> list[int]:
+    return tokens[:-1] if tokens and tokens[-1] in eos else tokens
+
+
+class Bench:
+    """Holds the loaded models and the run config; `dataset(name)` measures one prompt set."""
+
+    def __init__(self, cfg, target, tokenizer, decoder, block_size: int, assistant=None):
+        self.cfg, self.target, self.tokenizer, self.decoder = cfg, target, tokenizer, decoder
+        self.block_size = block_size
+        self.assistant = assistant
+        self.device = next(target.parameters()).device
+        self.eos = eos_ids(tokenizer, target)
+        self.eos_arg = self.eos[0] if len(self.eos) == 1 else self.eos
+        self.baselines = list(cfg.baselines.run)
+        unknown = [b for b in self.baselines if b not in hf.BASELINES]
+        if unknown:
+            raise ValueError(f"unknown baselines {unknown}; choose from {list(hf.BASELINES)}")
+
+    # -- the calls being timed ---------------------------------------------------------------
+    def _timed(self, fn):
+        _sync(self.device)
+        start = time.perf_counter()
+        out = fn()
+        _sync(self.device)
+        return out, time.perf_counter() - start
+
+    def _ours(self, method: str, prompts, seed: int, max_new_tokens: int):
+        fn = getattr(self.decoder, method)
+        return self._timed(
+            lambda: fn(prompts, max_new_tokens=max_new_tokens, eos_token_id=self.eos_arg, seed=seed)
+        )
+
+    def _hf(self, name: str, prompt: list[int], max_new_tokens: int):
+        b = self.cfg.baselines
+        kwargs = hf.baseline_kwargs(
+            name, self.assistant, b.prompt_lookup_num_tokens, b.num_assistant_tokens
+        )
+        if name == "hf_prompt_lookup":
+            kwargs["max_matching_ngram_size"] = b.prompt_lookup_max_ngram
+        return hf.hf_generate(
+            self.target, prompt, max_new_tokens, self.eos, self.tokenizer.pad_token_id, **kwargs
+        )
+
+    def warmup(self, prompt: list[int]) -> None:
+        n = min(self.cfg.max_new_tokens, 16)
+        for i in range(self.cfg.warmup):
+            self._ours("generate_autoregressive", [prompt], self.cfg.seed + i, n)
+            self._ours("generate", [prompt], self.cfg.seed + i, n)
+            for name in self.baselines:
+                self._hf(name, prompt, n)
+
+    # -- one dataset -------------------------------------------------------------------------
+    def dataset(self, name: str) -> DatasetRecord:
+        cfg = self.cfg
+        convs = load_dataset(name, cfg.bench_dir, cfg.num_prompts)
+        rec = DatasetRecord(name=name, conversations=len(convs))
+        answers: list[list[str]] = [[] for _ in convs]
+        stages = max(len(c) for c in convs) if (cfg.all_turns and convs) else 1
+        total = sum(min(len(c), stages) for c in convs)
+        bar = tqdm(total=total, desc=name, unit="prompt", dynamic_ncols=True)
+        batch_no = 0
+        for stage in range(stages):
+            idx = [i for i, c in enumerate(convs) if len(c) > stage]
+            prompts = [render(self.tokenizer, convs[i], answers[i], cfg.system_prompt) for i in idx]
+            for lo in range(0, len(prompts), cfg.batch_size):
+                chunk = prompts[lo : lo + cfg.batch_size]
+                seed = cfg.seed + batch_no
+                batch_no += 1
+                ar, t_ar = self._ours("generate_autoregressive", chunk, seed, cfg.max_new_tokens)
+                sp, t_sp = self._ours("generate", chunk, seed, cfg.max_new_tokens)
+                rec.timer("autoregressive").add(sum(len(s) for s in ar.sequences), t_ar)
+                rec.timer("speculative").add(sum(len(s) for s in sp.sequences), t_sp)
+                rec.prompt_tokens += [len(p) for p in chunk]
+                rec.accept_lengths += [list(a) for a in sp.accept_lengths]
+                rec.verify_lengths += [list(v) for v in sp.verify_lengths]
+                confs = sp.confidences or [[] for _ in chunk]
+                rec.confidences += [[list(c) for c in req] for req in confs]
+                rec.spec_tokens += [len(s) for s in sp.sequences]
+                rec.matches += [list(a) == list(s) for a, s in zip(ar.sequences, sp.sequences)]
+                for j, prompt in enumerate(chunk):
+                    for base in self.baselines:
+                        tokens, secs = self._hf(base, prompt, cfg.max_new_tokens)
+                        rec.timer(base).add(len(tokens), secs)
+                        if base == "hf_generate":
+                            rec.hf_matches.append(tokens == list(ar.sequences[j]))
+                    if stage + 1 < stages:
+                        text = self.tokenizer.decode(
+                            _strip_eos(list(ar.sequences[j]), self.eos), skip_special_tokens=True
+                        )
+                        answers[idx[lo + j]].append(text)
+                bar.update(len(chunk))
+        bar.close()
+        return rec
+
+
+# -- summaries ----------------------------------------------------------------------------------
+def calibration_summary(records: list[DatasetRecord], block_size: int, ccfg) -> dict | None:
+    conf, acc, ver = _matrices(records, block_size)
+    if not ver.any():
+        return None
+    c_p, c_y, c_k = cal.conditional_view(conf, acc, ver)
+    out = {
+        "conditional": cal.summarize(c_p, c_y, ccfg.bins),
+        "conditional_by_position": _by_position(c_p, c_y, c_k, block_size, ccfg.bins),
+    }
+    if ccfg.survival:
+        s_p, s_y, s_k = cal.survival_view(conf, acc, ver)
+        out["survival"] = cal.summarize(s_p, s_y, ccfg.bins)
+        out["survival_by_position"] = _by_position(s_p, s_y, s_k, block_size, ccfg.bins)
+    return out
+
+
+def _by_position(p, y, k, block_size, bins) -> list[dict]:
+    rows = []
+    for pos in range(1, block_size + 1):
+        sel = k == pos
+        s = cal.summarize(p[sel], y[sel], bins)
+        s.pop("bins")
+        rows.append({"position": pos, **s})
+    return rows
+
+
+def _matrices(records, block_size):
+    parts = [
+        cal.round_matrices(r.confidences, r.accept_lengths, r.verify_lengths, block_size)
+        for r in records
+    ]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+
+
+def sts_summary(records: list[DatasetRecord], block_size: int, bins: int) -> dict | None:
+    """Fit STS on even-numbered requests (pooled over datasets), score on the odd ones."""
+    per_request = []
+    for r in records:
+        for c, a, v in zip(r.confidences, r.accept_lengths, r.verify_lengths):
+            per_request.append(cal.round_matrices([c], [a], [v], block_size))
+    if not per_request or not any(m[2].any() for m in per_request):
+        return None
+    held_out = len(per_request) >= 2
+
+    def stack(sel):
+        chosen = [m for i, m in enumerate(per_request) if sel(i)]
+        return tuple(np.concatenate([m[j] for m in chosen]) for j in range(3))
+
+    fit = stack(lambda i: i % 2 == 0 or not held_out)
+    test = stack(lambda i: i % 2 == 1 or not held_out)
+    temps = cal.sequential_temperature_scaling(cal.to_logits(fit[0]), fit[1], fit[2], bins)
+    conf, acc, ver = test
+    raw = cal.survival_probs(conf)[ver]
+    scaled = cal.apply_temperatures(cal.to_logits(conf), temps)[ver]
+    labels = acc[ver].astype(np.float64)
+    return {
+        "temperatures": temps,
+        "fit_requests": "even-indexed" if held_out else "all (in-sample: < 2 requests)",
+        "test_requests": "odd-indexed" if held_out else "all (in-sample)",
+        "n_test": int(labels.size),
+        "ece_before": cal.ece(raw, labels, bins),
+        "ece_after": cal.ece(scaled, labels, bins),
+        "brier_before": cal.brier(raw, labels),
+        "brier_after": cal.brier(scaled, labels),
+        "bins_after": cal.reliability_bins(scaled, labels, bins),
+    }
+
+
+def summarize_dataset(rec: DatasetRecord, block_size: int, cfg, has_confidence: bool) -> dict:
+    acc = acceptance_stats(rec.accept_lengths, rec.verify_lengths, block_size)
+    ar = rec.timer("autoregressive").report()
+    sp = rec.timer("speculative").report()
+    speedup = ratio(sp["tokens_per_s"], ar["tokens_per_s"])
+    out = {
+        "conversations": rec.conversations,
+        "requests": len(rec.prompt_tokens),
+        "prompt_tokens_mean": float(np.mean(rec.prompt_tokens)) if rec.prompt_tokens else None,
+        "acceptance": acc,
+        "speed": {
+            "autoregressive": ar,
+            "speculative": sp,
+            "speedup": speedup,
+            "decoder_efficiency": ratio(speedup, acc["tau"]),
+            "tokens_per_round": ratio(sum(rec.spec_tokens), acc["rounds"]),
+            "greedy_match": (
+                sum(rec.matches) / len(rec.matches)
+                if cfg.temperature == 0 and rec.matches
+                else None
+            ),
+        },
+    }
+    if cfg.baselines.run:
+        base = {name: rec.timer(name).report() for name in cfg.baselines.run}
+        ref = base.get("hf_generate", {}).get("tokens_per_s")
+        for b in base.values():
+            b["speedup_vs_hf_generate"] = ratio(b["tokens_per_s"], ref)
+        out["baselines"] = base
+        out["speculative_vs_baselines"] = {
+            name: ratio(sp["tokens_per_s"], b["tokens_per_s"]) for name, b in base.items()
+        }
+        out["hf_generate_matches_autoregressive"] = (
+            sum(rec.hf_matches) / len(rec.hf_matches) if rec.hf_matches else None
+        )
+    if has_confidence:
+        out["calibration"] = calibration_summary([rec], block_size, cfg.calibration)
+    return out
+
+
+def conditions(cfg, target_spec: str, draft, target, block_size: int, assistant_layers) -> dict:
+    import transformers
+
+    param = next(target.parameters())
+    draft_cfg = draft.config.to_dict() if hasattr(draft.config, "to_dict") else dict(draft.config)
+    keep = (
+        "model_type",
+        "block_size",
+        "num_hidden_layers",
+        "num_target_layers",
+        "target_layer_ids",
+        "mask_token_id",
+        "markov_rank",
+        "markov_head_type",
+        "enable_confidence_head",
+        "confidence_head_with_markov",
+        "num_anchors",
+        "target_name_or_path",
+        "hidden_size",
+        "vocab_size",
+        "architectures",
+    )
+    return {
+        "target": target_spec,
+        "target_model_type": target.config.model_type,
+        "target_layers": target.config.num_hidden_layers,
+        "draft": os.path.abspath(cfg.draft),
+        "draft_config": {k: draft_cfg[k] for k in keep if k in draft_cfg},
+        "block_size": block_size,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "confidence_threshold": cfg.confidence_threshold,
+        "batch_size": cfg.batch_size,
+        "max_new_tokens": cfg.max_new_tokens,
+        "num_prompts": cfg.num_prompts,
+        "turns": "all (target's own answers fed back)" if cfg.all_turns else "first",
+        "system_prompt": cfg.system_prompt,
+        "seed": cfg.seed,
+        "warmup_calls": cfg.warmup,
+        "device": str(param.device),
+        "device_name": (
+            torch.cuda.get_device_name(param.device)
+            if param.device.type == "cuda"
+            else platform.processor() or "cpu"
+        ),
+        "dtype": str(param.dtype).replace("torch.", ""),
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "baselines": list(cfg.baselines.run),
+        "baseline_decoding": "greedy, batch 1",
+        "assistant_layers": assistant_layers,
+        "num_assistant_tokens": cfg.baselines.num_assistant_tokens,
+        "prompt_lookup_num_tokens": cfg.baselines.prompt_lookup_num_tokens,
+        "prompt_lookup_max_ngram": cfg.baselines.prompt_lookup_max_ngram,
+        "calibration_bins": cfg.calibration.bins,
+    }
+
+
+def summarize(
+    records: list[DatasetRecord], block_size: int, cfg, has_confidence: bool, conds: dict
+) -> dict:
+    datasets = {r.name: summarize_dataset(r, block_size, cfg, has_confidence) for r in records}
+    taus = [d["acceptance"]["tau"] for d in datasets.values() if d["acceptance"]["tau"]]
+    pooled = {m: Timer() for m in ("autoregressive", "speculative")}
+    for r in records:
+        for m in pooled:
+            pooled[m].add(r.timer(m).tokens, r.timer(m).seconds)
+    overall = {
+        "tau_macro": float(np.mean(taus)) if taus else None,
+        "autoregressive": pooled["autoregressive"].report(),
+        "speculative": pooled["speculative"].report(),
+    }
+    overall["speedup"] = ratio(
+        overall["speculative"]["tokens_per_s"], overall["autoregressive"]["tokens_per_s"]
+    )
+    results = {
+        "version": RESULTS_VERSION,
+        "conditions": conds,
+        "datasets": datasets,
+        "overall": overall,
+    }
+    if has_confidence:
+        results["calibration"] = calibration_summary(records, block_size, cfg.calibration)
+        if cfg.calibration.sts:
+            results["sts"] = sts_summary(records, block_size, cfg.calibration.bins)
+    return results
+
+
+# -- the whole run ------------------------------------------------------------------------------
+def load_models(cfg):
+    """(target, tokenizer, draft, target spec) on the configured device and dtype."""
+    from dspark.modeling import DSparkDraftModel
+    from dspark.target import _as_dtype, load_target
+
+    device = resolve_device(cfg.device)
+    dtype = _as_dtype(cfg.dtype)
+    draft = DSparkDraftModel.from_pretrained(cfg.draft)
+    spec = cfg.target or getattr(draft.config, "target_name_or_path", None)
+    if not spec:
+        raise ValueError(f"the draft at {cfg.draft} names no target_name_or_path; pass target=...")
+    target, tokenizer = load_target(spec, dtype=dtype, device=device)
+    draft.to(device=device, dtype=next(target.parameters()).dtype).eval().requires_grad_(False)
+    return target, tokenizer, draft, spec
+
+
+def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
+    """Run every dataset, write results.json / report.md / PNGs; return (results, report)."""
+    import json
+    from pathlib import Path
+
+    from dspark.decoding import SpeculativeDecoder
+    from dspark.eval.plots import make_plots
+    from dspark.eval.report import render_report
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    if not cfg.datasets:
+        raise ValueError("datasets is empty; name at least one (e.g. datasets=[gsm8k])")
+    target, tokenizer, draft, spec = load_models(cfg)
+    block = int(draft.config.block_size)
+    decoder = SpeculativeDecoder(
+        target,
+        draft,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k,
+        confidence_threshold=cfg.confidence_threshold,
+        max_length=int(getattr(target.config, "max_position_embeddings", 0) or 32768),
+        compile=cfg.compile,
+    )
+    layers = None
+    assistant = None
+    if "hf_assisted" in cfg.baselines.run:
+        layers = cfg.baselines.assistant_layers or max(1, target.config.num_hidden_layers // 4)
+        assistant = hf.truncated_self_draft(target, layers)
+    bench = Bench(cfg, target, tokenizer, decoder, block, assistant)
+    first = load_dataset(cfg.datasets[0], cfg.bench_dir, 1)
+    bench.warmup(render(tokenizer, first[0], [], cfg.system_prompt))
+    torch.manual_seed(cfg.seed)
+    records = [bench.dataset(name) for name in cfg.datasets]
+    has_conf = getattr(draft, "confidence_head", None) is not None
+    conds = conditions(cfg, spec, draft, target, block, layers)
+    results = summarize(records, block, cfg, has_conf, conds)
+    plots = make_plots(results, out) if cfg.plots else {}
+    results["plots"] = plots
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    report = render_report(results, plots)
+    (out / "report.md").write_text(report)
+    return results, report
