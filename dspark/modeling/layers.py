@@ -91,6 +91,21 @@ def _is_block_mask(mask) -> bool:
     return type(mask).__name__ == "BlockMask"
 
 
+_COMPILED_FLEX = None
+
+
+def _flex_attention(device: torch.device):
+    """flex_attention, compiled on CUDA (uncompiled it materialises the full score matrix)."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
 class DSparkAttention(nn.Module):
     """Block queries over [context ; block] keys/values (q/k RMSNorm for Qwen3 targets)."""
 
@@ -142,9 +157,8 @@ class DSparkAttention(nn.Module):
         k = torch.cat([ctx_k.to(k_b.dtype), k_b], dim=2)
         v = torch.cat([ctx_v.to(v_b.dtype), v_b], dim=2)
         if _is_block_mask(mask):
-            from torch.nn.attention.flex_attention import flex_attention
-
-            out = flex_attention(q, k, v, block_mask=mask, enable_gqa=self.n_rep > 1)
+            flex = _flex_attention(q.device)
+            out = flex(q, k, v, block_mask=mask, enable_gqa=self.n_rep > 1)
         else:
             k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

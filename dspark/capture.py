@@ -1,0 +1,105 @@
+"""Target features for training: online capture from the frozen target, or a precomputed source.
+
+The objective asks a `FeatureSource` for `TargetFeatures` of a batch:
+- `tapped [B, S, L*H]`: raw outputs of the decoder layers in `target_layer_ids`, concatenated in
+  that order (= HF `hidden_states[i + 1]` for layer id i);
+- `final_hidden [B, S, H]`: the target's last hidden state AFTER its final norm (the target
+  distribution is `softmax(lm_head(final_hidden))`; mixing pre-/post-norm corrupts every loss).
+
+`OnlineTargetCapture` runs the frozen target inside the training step (no grad, in its own
+dtype, autocast off) with forward hooks on the tapped decoder layers; `lm_head` is applied
+later, by the objective, at supervised positions only (`target_logits`). An offline feature
+cache plugs in as another `FeatureSource` (`BatchFeatures` reads tensors already in the batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TargetFeatures:
+    tapped: torch.Tensor  # [B, S, L*H]
+    final_hidden: torch.Tensor  # [B, S, H], post final norm
+
+
+@runtime_checkable
+class FeatureSource(Protocol):
+    """Gives the target features of a batch (dict with `input_ids`, `attention_mask`, ...)."""
+
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> TargetFeatures: ...
+
+
+def base_model(target):
+    """The decoder stack of an HF causal LM (`target.model` for Llama/Qwen)."""
+    prefix = getattr(target, "base_model_prefix", "model") or "model"
+    base = getattr(target, prefix, None)
+    if base is None or not hasattr(base, "layers"):
+        raise TypeError(f"cannot find the decoder layers of {type(target).__name__}")
+    return base
+
+
+def num_decoder_layers(target) -> int:
+    return len(base_model(target).layers)
+
+
+class OnlineTargetCapture:
+    """Run the frozen target on the batch and capture tapped layers + post-norm final state."""
+
+    def __init__(self, target, target_layer_ids: Sequence[int]) -> None:
+        self.target = target
+        self.layer_ids = [int(i) for i in target_layer_ids]
+        n = num_decoder_layers(target)
+        bad = [i for i in self.layer_ids if not 0 <= i < n - 1]
+        if bad:
+            raise ValueError(
+                f"target_layer_ids {bad} are not tappable in a {n}-layer target (valid: 0..{n - 2})"
+            )
+
+    @torch.no_grad()
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> TargetFeatures:
+        base = base_model(self.target)
+        captured: dict[int, torch.Tensor] = {}
+        hooks = []
+
+        def make_hook(i):
+            def hook(_module, _args, output):
+                captured[i] = output[0] if isinstance(output, (tuple, list)) else output
+
+            return hook
+
+        for i in self.layer_ids:
+            hooks.append(base.layers[i].register_forward_hook(make_hook(i)))
+        input_ids = batch["input_ids"]
+        try:
+            with torch.autocast(input_ids.device.type, enabled=False):
+                out = base(
+                    input_ids=input_ids,
+                    attention_mask=batch.get("attention_mask"),
+                    use_cache=False,
+                )
+        finally:
+            for h in hooks:
+                h.remove()
+        tapped = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
+        return TargetFeatures(tapped=tapped, final_hidden=out.last_hidden_state)
+
+
+class BatchFeatures:
+    """Offline seam: the features are already in the batch (`tapped`, `final_hidden`)."""
+
+    def __call__(self, batch: Mapping[str, torch.Tensor]) -> TargetFeatures:
+        return TargetFeatures(tapped=batch["tapped"], final_hidden=batch["final_hidden"])
+
+
+def target_logits(lm_head: torch.nn.Module, final_hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 target logits from post-norm hidden states (only the rows you pass)."""
+    bias = getattr(lm_head, "bias", None)
+    return F.linear(
+        final_hidden.float(), lm_head.weight.float(), None if bias is None else bias.float()
+    )

@@ -1,0 +1,120 @@
+"""Pure functions of the DSpark objective (method doc, section 2): anchors, supervision masks,
+decay weights, per-slot loss terms and acceptance statistics. No modules, no state.
+
+Conventions: a block anchored at position p has slots k = 0..gamma-1; slot k predicts token
+x_{p+k+1}, its target distribution comes from the target's post-norm hidden state at p+k.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def valid_anchor_mask(loss_mask: torch.Tensor) -> torch.Tensor:
+    """`[B, S]` -> bool `[B, S]`: p is a valid anchor when the loss mask holds at p and p+1."""
+    lm = loss_mask.bool()
+    valid = torch.zeros_like(lm)
+    valid[:, :-1] = lm[:, :-1] & lm[:, 1:]
+    return valid
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to `num_anchors` valid anchors per sequence, drawn without replacement, sorted.
+
+    Returns `(anchor_positions [B, N] long, anchor_valid [B, N] bool)` with
+    N = min(num_anchors, max valid count in the batch) (at least 1). A sequence with at most
+    `num_anchors` valid positions gets all of them, in order (no randomness involved); missing
+    ones are dummy blocks (position 0, `anchor_valid` False). Random draws use `generator`
+    (on its own device; CPU by default) so runs are reproducible.
+    """
+    valid = valid_anchor_mask(loss_mask)
+    B, S = valid.shape
+    counts = valid.sum(1)
+    N = max(1, min(int(num_anchors), int(counts.max().item()) if B else 0))
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    keys = torch.rand(B, S, generator=generator, device=gen_device).to(valid.device)
+    keys = torch.where(valid, keys, torch.full_like(keys, 2.0))  # invalid positions sort last
+    chosen = keys.argsort(dim=1)[:, :N]
+    chosen_valid = valid.gather(1, chosen)
+    # Sort the chosen positions; invalid picks go last and become dummies at position 0.
+    order_key = torch.where(chosen_valid, chosen, chosen + S)
+    order = order_key.argsort(dim=1)
+    positions = chosen.gather(1, order)
+    anchor_valid = chosen_valid.gather(1, order)
+    positions = torch.where(anchor_valid, positions, torch.zeros_like(positions))
+    return positions, anchor_valid
+
+
+def slot_supervision_mask(
+    loss_mask: torch.Tensor,
+    anchor_positions: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    block_size: int,
+) -> torch.Tensor:
+    """bool `[B, N, gamma]`: slot k of a valid block at p is supervised while p+k+1 < S and the
+    loss mask holds at p+1..p+k+1; the first gap truncates the rest of the block."""
+    B, S = loss_mask.shape
+    offs = torch.arange(1, block_size + 1, device=anchor_positions.device)
+    pos = anchor_positions[..., None] + offs  # [B, N, gamma]: predicted positions
+    inside = pos < S
+    lm = loss_mask.bool().gather(1, pos.clamp(max=S - 1).view(B, -1)).view(pos.shape)
+    ok = inside & lm & anchor_valid[..., None]
+    return ok.to(torch.int32).cumprod(dim=-1).bool()
+
+
+def decay_weights(block_size: int, loss_decay_gamma: float, device=None) -> torch.Tensor:
+    """w_k = exp(-k / gamma_decay), k = 0..block_size-1 (fp32)."""
+    k = torch.arange(block_size, device=device, dtype=torch.float32)
+    return torch.exp(-k / float(loss_decay_gamma))
+
+
+def slot_cross_entropy(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-slot CE of the draft logits `[M, V]` against data tokens `[M]` (fp32)."""
+    return F.cross_entropy(draft_logits.float(), labels, reduction="none")
+
+
+def slot_l1(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Per-slot L1 = sum_v |p_d - p_t| in [0, 2] (no 1/2 factor), both softmaxed at T=1 in fp32."""
+    p_d = torch.softmax(draft_logits.float(), dim=-1)
+    p_t = torch.softmax(target_logits.float(), dim=-1)
+    return (p_d - p_t).abs().sum(-1)
+
+
+def confidence_target(l1: torch.Tensor) -> torch.Tensor:
+    """c* = clamp(1 - L1/2, 0, 1), detached: the probability that the draft token is accepted
+    (1 - total variation distance) under lossless speculative sampling."""
+    return (1.0 - l1.detach() / 2.0).clamp(0.0, 1.0)
+
+
+def slot_confidence_bce(confidence_logits: torch.Tensor, c_star: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(
+        confidence_logits.float(), c_star.float(), reduction="none"
+    )
+
+
+def tau_per_block(c_star: torch.Tensor, slot_mask: torch.Tensor) -> torch.Tensor:
+    """Probabilistic acceptance length of each block: 1 + sum_k prod_{i<=k} c*_i.
+
+    `c_star [B, N, gamma]` (any value where unsupervised), `slot_mask [B, N, gamma]`. Only the
+    supervised prefix of a block counts (unsupervised slots contribute 0): a block truncated by
+    the end of the data or a loss-mask gap can commit at most the tokens that exist there,
+    as at the end of a real generation.
+    """
+    c = torch.where(slot_mask, c_star.float(), torch.zeros_like(c_star, dtype=torch.float32))
+    return 1.0 + c.cumprod(dim=-1).sum(-1)
+
+
+def scatter_slots(values: torch.Tensor, slot_mask: torch.Tensor) -> torch.Tensor:
+    """Put per-slot values `[M]` back into a zero `[B, N, gamma]` grid (row-major order)."""
+    grid = torch.zeros(slot_mask.shape, dtype=values.dtype, device=values.device)
+    grid[slot_mask] = values
+    return grid
+
+
+def safe_div(num: float, den: float) -> float:
+    return num / den if den > 0 else (0.0 if num == 0 else math.nan)

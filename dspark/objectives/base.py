@@ -1,0 +1,58 @@
+"""What every objective shares with the one training loop: the reducer seam and the protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Reducer(Protocol):
+    """Sums tensors over ranks. `world_size` is the number of ranks."""
+
+    world_size: int
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor: ...
+
+
+class LocalReducer:
+    """Single process: sum is the identity, world_size 1."""
+
+    world_size = 1
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+class TorchDistributedReducer:
+    """`torch.distributed` all-reduce (SUM) on a copy; no autograd through the reduction."""
+
+    def __init__(self, group=None) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.group = group
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        out = t.detach().clone()
+        if self.world_size > 1:
+            self._dist.all_reduce(out, op=self._dist.ReduceOp.SUM, group=self.group)
+        return out
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """A training method: `step` (with grad) and `evaluate` (no grad, same metrics)."""
+
+    name: str
+
+    def step(
+        self, draft, batch: Mapping[str, torch.Tensor], reducer: Reducer | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+
+    def evaluate(
+        self, draft, batch: Mapping[str, torch.Tensor], reducer: Reducer | None = None
+    ) -> dict[str, float]: ...

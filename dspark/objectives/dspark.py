@@ -1,0 +1,215 @@
+"""The DSpark objective (method doc, section 2): every anchor block in one pass, teacher-forced.
+
+Per supervised slot k (weights w_k = exp(-k / loss_decay_gamma)), on the Markov-corrected
+draft logits: CE vs the data token (`ce_weight`), L1 = sum_v |p_d - p_t| vs the target's
+post-norm distribution (`l1_weight`), confidence BCE-with-logits vs the detached
+c* = clamp(1 - L1/2, 0, 1) (`confidence_weight`). Each term is sum(w * term) / sum(w) over the
+supervised slots of ALL ranks: the denominator goes through `reducer.sum`, and the returned
+loss is `world_size * local_numerator / global_denominator`, so DDP's gradient averaging yields
+the token-pooled global mean.
+
+Metrics (already global):
+- `loss`, `ce`, `l1`, `confidence_bce`: the weighted global means above;
+- `accept_rate@k` (k = 1..gamma, k = 1 is slot 0, the first drafted token): mean c* over the
+  supervised slots at that position (0 when there are none);
+- `tau_probabilistic`: mean over valid blocks of 1 + sum_k prod_{i<=k} c*_i, where only a
+  block's supervised prefix counts (see `losses.tau_per_block`: a block truncated by the end of
+  the data or a loss-mask gap contributes its supervised slots only);
+  `tau_probabilistic_full_blocks`: the same over blocks whose gamma slots are all supervised;
+- `confidence_error`: mean |sigmoid(confidence logit) - c*| over supervised slots;
+- `supervised_tokens`, `blocks`: global counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from dspark import losses as L
+from dspark.capture import FeatureSource, OnlineTargetCapture, target_logits
+from dspark.objectives.base import LocalReducer, Reducer
+
+
+class DSparkObjective:
+    name = "dspark"
+
+    def __init__(
+        self,
+        target,
+        draft_config,
+        *,
+        ce_weight: float = 0.1,
+        l1_weight: float = 0.9,
+        confidence_weight: float = 1.0,
+        loss_decay_gamma: float = 4.0,
+        num_anchors: int | None = None,
+        seed: int = 0,
+        eval_seed: int = 1234,
+        feature_source: FeatureSource | None = None,
+        target_lm_head: torch.nn.Module | None = None,
+    ) -> None:
+        """`target`: the frozen target (online capture and its lm_head); may be None when a
+        `feature_source` and `target_lm_head` are given (offline features).
+        `num_anchors=None` uses `draft_config.num_anchors`."""
+        self.config = draft_config
+        self.block_size = int(draft_config.block_size)
+        self.num_anchors = int(num_anchors if num_anchors is not None else draft_config.num_anchors)
+        self.ce_weight = float(ce_weight)
+        self.l1_weight = float(l1_weight)
+        self.confidence_weight = float(confidence_weight)
+        self.loss_decay_gamma = float(loss_decay_gamma)
+        if self.loss_decay_gamma <= 0:
+            raise ValueError(f"loss_decay_gamma must be > 0 (got {loss_decay_gamma})")
+        if self.num_anchors < 1:
+            raise ValueError(f"num_anchors must be >= 1 (got {self.num_anchors})")
+        if feature_source is None:
+            if target is None:
+                raise ValueError("online capture needs the target; pass target or a feature_source")
+            feature_source = OnlineTargetCapture(target, draft_config.target_layer_ids)
+        self.features = feature_source
+        if target_lm_head is None:
+            if target is None:
+                raise ValueError("pass target or target_lm_head for the target distribution")
+            target_lm_head = target.get_output_embeddings()
+        self.target_lm_head = target_lm_head
+        self.use_confidence = bool(draft_config.enable_confidence_head)
+        self.seed = int(seed)
+        self.eval_seed = int(eval_seed)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    # ---------------------------------------------------------------- state (resume)
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+    # ---------------------------------------------------------------- public
+    def step(
+        self,
+        draft,
+        batch: Mapping[str, torch.Tensor],
+        reducer: Reducer | None = None,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Training step: `(loss, metrics)`; the draft is called once, through `forward`."""
+        return self._run(draft, batch, reducer or LocalReducer(), generator or self.generator)
+
+    @torch.no_grad()
+    def evaluate(
+        self, draft, batch: Mapping[str, torch.Tensor], reducer: Reducer | None = None
+    ) -> dict[str, float]:
+        """Held-out metrics (no grad), anchors drawn with a fixed seed per call."""
+        gen = torch.Generator().manual_seed(self.eval_seed)
+        return self._run(draft, batch, reducer or LocalReducer(), gen)[1]
+
+    # ---------------------------------------------------------------- internals
+    def _run(self, draft, batch, reducer: Reducer, generator: torch.Generator):
+        g = self.block_size
+        input_ids = batch["input_ids"]
+        B, S = input_ids.shape
+        dev = input_ids.device
+        loss_mask = batch["loss_mask"].bool()
+        if "attention_mask" in batch:
+            loss_mask = loss_mask & batch["attention_mask"].bool()
+
+        feats = self.features(batch)
+        anchors, valid = L.sample_anchors(loss_mask, self.num_anchors, generator)
+        anchors, valid = anchors.to(dev), valid.to(dev)
+        slot_mask = L.slot_supervision_mask(loss_mask, anchors, valid, g)
+
+        out = draft(feats.tapped, input_ids, anchors, valid, slot_mask=slot_mask)
+
+        b_idx, n_idx, k_idx = slot_mask.nonzero(as_tuple=True)
+        pos = anchors[b_idx, n_idx] + k_idx  # the hidden state at p+k predicts x_{p+k+1}
+        labels = input_ids[b_idx, pos + 1]
+        with torch.no_grad():
+            t_logits = target_logits(self.target_lm_head, feats.final_hidden[b_idx, pos])
+        w = L.decay_weights(g, self.loss_decay_gamma, device=dev)[k_idx]
+
+        logits = out.logits
+        ce = L.slot_cross_entropy(logits, labels)
+        l1 = L.slot_l1(logits, t_logits)
+        c_star = L.confidence_target(l1)
+        num_ce, num_l1 = (w * ce).sum(), (w * l1).sum()
+        num_bce = logits.new_zeros((), dtype=torch.float32)
+        conf_err = logits.new_zeros((), dtype=torch.float32)
+        use_conf = self.use_confidence and out.confidence_logits is not None
+        if use_conf:
+            conf = out.confidence_logits
+            num_bce = (w * L.slot_confidence_bce(conf, c_star)).sum()
+            conf_err = (torch.sigmoid(conf.detach().float()) - c_star).abs().sum()
+
+        with torch.no_grad():
+            c_grid = L.scatter_slots(c_star, slot_mask)
+            tau = L.tau_per_block(c_grid, slot_mask)
+            block_ok = slot_mask[..., 0]
+            full = slot_mask.all(-1)
+            stats = torch.cat(
+                [
+                    torch.stack(
+                        [
+                            w.sum(),
+                            num_ce.detach(),
+                            num_l1.detach(),
+                            num_bce.detach(),
+                            torch.tensor(float(b_idx.numel()), device=dev),
+                            conf_err,
+                            block_ok.sum().float(),
+                            tau[block_ok].sum(),
+                            full.sum().float(),
+                            tau[full].sum(),
+                        ]
+                    ).float(),
+                    slot_mask.sum((0, 1)).float(),
+                    c_grid.sum((0, 1)).float(),
+                ]
+            )
+            glob = reducer.sum(stats)
+
+        den = glob[0]
+        safe_den = torch.where(den > 0, den, torch.ones_like(den))
+        numerator = self.ce_weight * num_ce + self.l1_weight * num_l1
+        if use_conf:
+            numerator = numerator + self.confidence_weight * num_bce
+        loss = reducer.world_size * numerator / safe_den
+        return loss, self._metrics(glob.tolist(), use_conf)
+
+    def _metrics(self, s: list[float], use_conf: bool) -> dict[str, float]:
+        g = self.block_size
+        W, ce, l1, bce, M, cerr, nb, tau, nfull, tau_full = s[:10]
+        counts, csum = s[10 : 10 + g], s[10 + g : 10 + 2 * g]
+        m = {
+            "ce": L.safe_div(ce, W),
+            "l1": L.safe_div(l1, W),
+            "supervised_tokens": M,
+            "blocks": nb,
+            "tau_probabilistic": L.safe_div(tau, nb) if nb else 0.0,
+            "tau_probabilistic_full_blocks": L.safe_div(tau_full, nfull) if nfull else 0.0,
+        }
+        loss = self.ce_weight * ce + self.l1_weight * l1
+        if use_conf:
+            m["confidence_bce"] = L.safe_div(bce, W)
+            m["confidence_error"] = L.safe_div(cerr, M)
+            loss += self.confidence_weight * bce
+        m["loss"] = L.safe_div(loss, W)
+        for k in range(g):
+            m[f"accept_rate@{k + 1}"] = csum[k] / counts[k] if counts[k] else 0.0
+        return m
+
+
+class DFlashObjective(DSparkObjective):
+    """Pure DFlash baseline: the same objective on a draft without Markov and confidence heads
+    (`markov_rank=0`, `enable_confidence_head=False`): CE + L1 only."""
+
+    name = "dflash"
+
+    def __init__(self, target, draft_config, **kwargs) -> None:
+        if int(draft_config.markov_rank) != 0 or draft_config.enable_confidence_head:
+            raise ValueError(
+                "the dflash objective trains a pure parallel draft: build its config with "
+                "markov_rank=0 and enable_confidence_head=False "
+                "(dspark.objectives.DFLASH_CONFIG_OVERRIDES)"
+            )
+        super().__init__(target, draft_config, **kwargs)
