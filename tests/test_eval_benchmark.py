@@ -1,0 +1,136 @@
+"""eval/benchmark.py end to end on a tiny target + a random tiny draft, and its config schema."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from dspark.eval.config import BenchmarkConfig, register
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf" / "benchmark"
+
+
+def _draft(tiny_target, path, **overrides):
+    from dspark.config import DSparkConfig, choose_mask_token_id
+    from dspark.modeling import DSparkDraftModel
+
+    target, tok = tiny_target("qwen3")
+    kw = dict(num_hidden_layers=1, block_size=3, markov_rank=8, target_name_or_path="tiny-qwen3")
+    kw.update(overrides)
+    cfg = DSparkConfig.from_target_config(
+        target.config, mask_token_id=choose_mask_token_id(tok, target.config.vocab_size), **kw
+    )
+    torch.manual_seed(0)
+    DSparkDraftModel.from_target(target, cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def bench_dir(tmp_path):
+    d = tmp_path / "bench"
+    d.mkdir()
+    rows = [{"turns": ["What is 2 + 3?", "And times 4?"]}, {"turns": ["Say hi."]}]
+    (d / "tiny.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def _compose(overrides):
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="benchmark", overrides=overrides)
+
+
+def test_script_end_to_end(tiny_target, tmp_path, bench_dir):
+    draft = _draft(tiny_target, tmp_path / "draft")
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable, "eval/benchmark.py", f"draft={draft}", "datasets=[tiny,embedded]",
+        f"bench_dir={bench_dir}", "num_prompts=2", "max_new_tokens=6", "all_turns=true",
+        "baselines.assistant_layers=1", "num_threads=1", f"output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "## Speed" in proc.stdout  # the report is printed
+    res = json.loads((out / "results.json").read_text())
+    c = res["conditions"]
+    assert c["target"] == "tiny-qwen3"  # from the draft's config
+    for key in ("draft", "draft_config", "temperature", "top_p", "top_k", "block_size",
+                "batch_size", "max_new_tokens", "device", "dtype", "torch", "transformers",
+                "seed", "num_prompts", "cpu_threads"):  # fmt: skip
+        assert key in c, key
+    assert c["block_size"] == 3 and c["draft_config"]["markov_rank"] == 8
+    tiny = res["datasets"]["tiny"]
+    assert tiny["requests"] == 3  # two first turns + one second turn
+    acc = tiny["acceptance"]
+    assert acc["tau"] == pytest.approx(acc["tau_no_bonus"] + 1)
+    assert len(acc["conditional_acceptance"]) == len(acc["survival"]) == 3
+    assert 0 < acc["verify_rate"] <= 1 and acc["drafted"] == 3 * acc["rounds"]
+    s = tiny["speed"]
+    assert s["speedup"] == pytest.approx(
+        s["speculative"]["tokens_per_s"] / s["autoregressive"]["tokens_per_s"]
+    )
+    assert s["decoder_efficiency"] == pytest.approx(s["speedup"] / acc["tau"])
+    assert s["greedy_match"] == 1.0  # lossless at T=0
+    assert set(tiny["baselines"]) == {"hf_generate", "hf_assisted", "hf_prompt_lookup"}
+    assert tiny["hf_generate_matches_autoregressive"] == 1.0
+    assert tiny["calibration"]["conditional"]["ece"] is not None
+    assert res["datasets"]["embedded"]["requests"] == 2
+    assert res["sts"]["temperatures"] and len(res["sts"]["temperatures"]) == 3
+    for png in ("acceptance_per_position.png", "speedup.png", "reliability.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    report = (out / "report.md").read_text()
+    for heading in ("## Acceptance", "## Conditional acceptance", "## Survival", "## Speed",
+                    "## Versus transformers", "## Confidence calibration"):  # fmt: skip
+        assert heading in report
+    # every table states its conditions
+    tables = report.split("\n## ")[1:]
+    assert all("Conditions" in t or "| key | value |" in t for t in tables if "|---" in t)
+
+
+def test_no_confidence_head_sampled_batched(tiny_target, tmp_path, bench_dir):
+    from dspark.eval.runner import run
+
+    draft = _draft(tiny_target, tmp_path / "draft", enable_confidence_head=False)
+    cfg = _compose([f"draft={draft}", "datasets=[tiny]", f"bench_dir={bench_dir}",
+                    "max_new_tokens=5", "temperature=0.8", "top_k=20", "batch_size=2",
+                    "baselines.run=[]", "plots=false", "warmup=0"])  # fmt: skip
+    res, report = run(cfg, tmp_path / "out")
+    d = res["datasets"]["tiny"]
+    assert d["requests"] == 2 and d["speed"]["greedy_match"] is None
+    assert "calibration" not in res and "baselines" not in d
+    assert res["conditions"]["temperature"] == 0.8 and "T=0.8" in report
+
+
+def test_schema_defaults_live_in_the_dataclass():
+    cfg = _compose(["draft=x"])
+    assert cfg.num_prompts == BenchmarkConfig.num_prompts
+    assert cfg.calibration.bins == 20
+    from omegaconf import OmegaConf
+
+    yaml = OmegaConf.load(CONF / "benchmark.yaml")
+    assert set(yaml) == {"defaults"}  # no key or default is repeated in the YAML
+
+
+def test_misspelt_key_fails_clearly():
+    with pytest.raises(ConfigCompositionException, match="num_promts"):
+        _compose(["draft=x", "num_promts=3"])
+    proc = subprocess.run(
+        [sys.executable, "eval/benchmark.py", "draft=x", "num_promts=3"],
+        cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "unknown config key 'num_promts'" in proc.stderr
+    assert "Did you mean 'num_prompts'?" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "eval/benchmark.py", "draft=x", "+calibration.binz=3"],
+        cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "Did you mean 'calibration.bins'?" in proc.stderr
