@@ -37,6 +37,15 @@ def tapped_of(target, ids, layer_ids):
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls: one intra-op thread avoids oversubscribing the 2 shared cores (10-50x)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 # ---------------------------------------------------------------------------- config
 
 
