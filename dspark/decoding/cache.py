@@ -23,11 +23,12 @@ def causal_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype | None 
     Bool (True = attend) for SDPA, or additive float when `dtype` is given (eager attention).
     """
     slots = torch.arange(kv_len, device=positions.device)
-    mask = (slots[None, None, None, :] <= positions[:, None, :, None])
+    mask = slots[None, None, None, :] <= positions[:, None, :, None]
     if dtype is None:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-        ~mask, torch.finfo(dtype).min)
+        ~mask, torch.finfo(dtype).min
+    )
 
 
 class _Writer:
@@ -44,7 +45,7 @@ class _Writer:
     def write(self, buf: torch.Tensor, states: torch.Tensor):
         n = states.shape[2]
         if self.start is not None:
-            buf[:, :, self.start:self.start + n].copy_(states)
+            buf[:, :, self.start : self.start + n].copy_(states)
             return
         key = states.shape
         idx = self._index.get(key)
@@ -63,8 +64,17 @@ class TargetKVCache:
 
     is_compileable = True
 
-    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, head_dim: int,
-                 max_len: int, dtype: torch.dtype, device, v_head_dim: int | None = None):
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device,
+        v_head_dim: int | None = None,
+    ):
         shape = (batch, num_kv_heads, max_len, head_dim)
         vshape = (batch, num_kv_heads, max_len, v_head_dim or head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -80,8 +90,9 @@ class TargetKVCache:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         param = next(model.parameters())
-        return cls(cfg.num_hidden_layers, batch, kv_heads, head_dim, max_len, param.dtype,
-                   param.device)
+        return cls(
+            cfg.num_hidden_layers, batch, kv_heads, head_dim, max_len, param.dtype, param.device
+        )
 
     def fits(self, batch: int, max_len: int) -> bool:
         return batch == self.batch and max_len <= self.max_len
@@ -93,8 +104,10 @@ class TargetKVCache:
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         self._writer.write(self.keys[layer_idx], key_states)
         self._writer.write(self.values[layer_idx], value_states)
-        return (self.keys[layer_idx][:, :, : self.kv_len],
-                self.values[layer_idx][:, :, : self.kv_len])
+        return (
+            self.keys[layer_idx][:, :, : self.kv_len],
+            self.values[layer_idx][:, :, : self.kv_len],
+        )
 
     # what HF's generic forward may ask of a cache
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -121,8 +134,12 @@ class DraftContextCache:
     def fits(self, batch: int, max_len: int) -> bool:
         return batch == self.batch and max_len <= self.max_len
 
-    def write(self, kv: list[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
-              start: int | None = None):
+    def write(
+        self,
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        positions: torch.Tensor,
+        start: int | None = None,
+    ):
         if not self.keys:  # allocate on first use: dtype / heads come from the draft
             for k, v in kv:
                 self.keys.append(k.new_zeros((self.batch, k.shape[1], self.max_len, k.shape[3])))

@@ -23,15 +23,21 @@ def _prefix_len(ok: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:
     return ok.long().cumprod(dim=1).sum(dim=1)
 
 
-def verify_greedy(draft_tokens: torch.Tensor, target_argmax: torch.Tensor,
-                  verify_len: torch.Tensor):
+def verify_greedy(
+    draft_tokens: torch.Tensor, target_argmax: torch.Tensor, verify_len: torch.Tensor
+):
     """T = 0: accept while `draft_tokens [B, L]` equals the target's argmax `[B, L+1]`."""
     n = _prefix_len(draft_tokens == target_argmax[:, : draft_tokens.shape[1]], verify_len)
     return n, target_argmax.gather(1, n[:, None]).squeeze(1)
 
 
-def verify_sampled(draft_tokens: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                   verify_len: torch.Tensor, generator: torch.Generator | None = None):
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    verify_len: torch.Tensor,
+    generator: torch.Generator | None = None,
+):
     """Speculative sampling: accept x_k w.p. min(1, p_k(x_k) / q_k(x_k)); at the first
     rejection a sample from normalise(max(0, p_a - q_a)); if all verified drafts pass,
     sample the bonus from p at index verify_len. `q [B, L, V]`, `p [B, L+1, V]` (warped)."""

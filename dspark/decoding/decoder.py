@@ -1,0 +1,288 @@
+"""`SpeculativeDecoder`: DSpark speculative decoding and the plain AR baseline, one code path.
+
+Per round (see docs/dspark-method.md sections 1 and 3):
+1. draft: one `block_hidden` pass for [anchor, mask x (gamma-1)] over the static context
+   cache, then the serial Markov loop samples x_1..x_gamma and their q (draft_step.py);
+2. optional confidence threshold picks how many drafts each request verifies;
+3. target: one KV-cached pass over [anchor, x_1..x_L] (target_step.py), lossless acceptance
+   (verify.py);
+4. commit accepted + 1 tokens, advance the per-row anchor position (which is all the
+   "crop" a position-indexed static cache needs, cache.py) and write the verify pass's tapped
+   features into the draft context cache at the same positions.
+
+Batching: prompts are right-padded and every row owns its positions (slot = position), so
+requests advance by their own acceptance lengths with no leakage. Finished rows stay in the
+batch (static shapes) with a frozen position and are ignored.
+Host syncs: one small device->host copy per round (accept counts and tokens, needed for
+EOS / budget bookkeeping), plus one more with a confidence threshold (the verify length).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
+from dspark.decoding.draft_step import propose, verify_lengths
+from dspark.decoding.output import GenerationOutput
+from dspark.decoding.sampling import sample, warp
+from dspark.decoding.target_step import TargetRunner
+from dspark.decoding.verify import verify_greedy, verify_sampled
+
+
+class SpeculativeDecoder:
+    """Decode `target` with a DSpark `draft` (any model with the contracts.md inference API).
+
+    `temperature=0` is greedy (output == plain greedy decoding token for token); otherwise
+    the output is distributed exactly as the target's warped distribution (temperature,
+    `top_k` > 0, `top_p` < 1). `confidence_threshold` (None = off) verifies, per request, the
+    longest draft prefix whose survival prod c_i >= threshold (at least one draft).
+    `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
+    `draft=None` allows only `generate_autoregressive`.
+    """
+
+    def __init__(
+        self,
+        target,
+        draft=None,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        confidence_threshold: float | None = None,
+        max_length: int = 2048,
+        compile: bool = False,
+        kv_bucket: int | None = None,
+    ):
+        self.target, self.draft = target, draft
+        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
+        self.confidence_threshold = confidence_threshold
+        self.max_length = max_length
+        self.kv_bucket = kv_bucket or (128 if compile else 16)
+        taps = list(draft.config.target_layer_ids) if draft is not None else []
+        self.gamma = int(draft.config.block_size) if draft is not None else 0
+        self.mask_token_id = int(draft.config.mask_token_id) if draft is not None else 0
+        self.runner = TargetRunner(target, taps)
+        self.device = next(target.parameters()).device
+        self._target_cache: TargetKVCache | None = None
+        self._ctx_cache: DraftContextCache | None = None
+        if compile:
+            self.runner.compile(dynamic=True)
+
+    # ----------------------------------------------------------------- helpers
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def _pick(self, logits: torch.Tensor, generator) -> torch.Tensor:
+        if self.greedy:
+            return logits.argmax(-1)
+        return sample(warp(logits, self.temperature, self.top_k, self.top_p), generator)
+
+    def _caches(self, batch: int, max_len: int, with_ctx: bool):
+        if max_len > self.max_length:
+            raise ValueError(
+                f"prompt + max_new_tokens + spare slots = {max_len} exceeds "
+                f"max_length={self.max_length}; raise max_length"
+            )
+        if self._target_cache is None or not self._target_cache.fits(batch, max_len):
+            size = min(self.max_length, bucket(max_len, 64, self.max_length))
+            self._target_cache = TargetKVCache.for_model(self.target, batch, size)
+            self._ctx_cache = None
+        if with_ctx and (self._ctx_cache is None or not self._ctx_cache.fits(batch, max_len)):
+            self._ctx_cache = DraftContextCache(batch, self._target_cache.max_len)
+        return self._target_cache, self._ctx_cache
+
+    def _prefill(self, input_ids: list[list[int]], max_new_tokens: int, tapped: bool, generator):
+        if not input_ids or any(len(p) == 0 for p in input_ids):
+            raise ValueError("every prompt needs at least one token")
+        bsz, lens = len(input_ids), [len(p) for p in input_ids]
+        width = max(lens)
+        ids = torch.zeros((bsz, width), dtype=torch.long)
+        for b, p in enumerate(input_ids):
+            ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = ids.to(self.device)
+        pos = torch.arange(width, device=self.device)[None].expand(bsz, width)
+        cache, ctx = self._caches(bsz, width + max_new_tokens + self.gamma + 2, tapped)
+        last = torch.tensor(lens, device=self.device) - 1
+        logits, taps = self.runner.forward(
+            ids,
+            pos,
+            cache,
+            bucket(width, self.kv_bucket, cache.max_len),
+            start=0,
+            tapped=tapped,
+            logits_at=last,
+        )
+        if tapped:
+            kv = self.draft.context_kv(self.draft.encode_context(taps), pos)
+            ctx.write(kv, pos, start=0)
+        return self._pick(logits, generator), lens, cache, ctx
+
+    @staticmethod
+    def _eos_set(eos_token_id) -> set[int]:
+        if eos_token_id is None:
+            return set()
+        if isinstance(eos_token_id, int):
+            return {eos_token_id}
+        return set(eos_token_id)
+
+    @staticmethod
+    def _append(seq: list[int], new: list[int], budget: int, eos: set[int]) -> bool:
+        """Append `new` to `seq` up to the budget / first EOS; True when `seq` is finished."""
+        for t in new:
+            if len(seq) >= budget:
+                return True
+            seq.append(t)
+            if t in eos:
+                return True
+        return len(seq) >= budget
+
+    # ----------------------------------------------------------------- speculative
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: list[list[int]],
+        max_new_tokens: int,
+        eos_token_id: int | list[int] | None = None,
+        seed: int | None = None,
+    ) -> GenerationOutput:
+        if self.draft is None:
+            raise ValueError("generate() needs a draft; use generate_autoregressive()")
+        t0 = time.perf_counter()
+        bsz = len(input_ids)
+        out = GenerationOutput(
+            [[] for _ in range(bsz)],
+            [[] for _ in range(bsz)],
+            [[] for _ in range(bsz)],
+            [[] for _ in range(bsz)],
+        )
+        if max_new_tokens <= 0:
+            return self._finish(out, t0)
+        eos = self._eos_set(eos_token_id)
+        gen = self._generator(seed)
+        gamma, dev = self.gamma, self.device
+        first, lens, cache, ctx = self._prefill(input_ids, max_new_tokens, True, gen)
+        first_host = first.tolist()
+        done = [
+            self._append(out.sequences[b], [first_host[b]], max_new_tokens, eos) for b in range(bsz)
+        ]
+        anchor, apos_host = first, list(lens)
+        apos = torch.tensor(apos_host, device=dev)
+        steps = torch.arange(gamma + 1, device=dev)
+        slots = torch.arange(cache.max_len, device=dev)
+        while not all(done):
+            ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
+            ctx_valid = slots[None, :ctx_len] < apos[:, None]
+            prop = propose(
+                self.draft,
+                anchor,
+                apos,
+                ctx.view(ctx_len),
+                ctx_valid,
+                gamma=gamma,
+                mask_token_id=self.mask_token_id,
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                generator=gen,
+            )
+            # drafts to verify: threshold (draft-only, so lossless) and the remaining budget
+            cap = [
+                0 if done[b] else min(gamma, max_new_tokens - len(out.sequences[b]) - 1)
+                for b in range(bsz)
+            ]
+            if self.confidence_threshold is not None and prop.confidence is not None:
+                vlen = verify_lengths(prop.confidence, self.confidence_threshold, gamma, bsz, dev)
+                vlen = torch.minimum(vlen, torch.tensor(cap, device=dev))
+                vlen_host = vlen.tolist()
+            else:
+                vlen_host = cap
+                vlen = torch.tensor(cap, device=dev)
+            n_ver = max(vlen_host)
+            drafts = prop.tokens[:, :n_ver]
+            ids = torch.cat([anchor[:, None], drafts], dim=1)
+            pos = apos[:, None] + steps[: n_ver + 1]
+            start = apos_host[0] if len(set(apos_host)) == 1 else None
+            kv_len = bucket(max(apos_host) + n_ver + 1, self.kv_bucket, cache.max_len)
+            logits, taps = self.runner.forward(ids, pos, cache, kv_len, start=start, tapped=True)
+            if self.greedy:
+                n_acc, nxt = verify_greedy(drafts, logits.argmax(-1), vlen)
+            else:
+                p = warp(logits, self.temperature, self.top_k, self.top_p)
+                n_acc, nxt = verify_sampled(drafts, prop.q[:, :n_ver], p, vlen, gen)
+            ctx.write(self.draft.context_kv(self.draft.encode_context(taps), pos), pos, start)
+            # the one host sync of the round: accept counts, next tokens, drafts
+            host = torch.cat([n_acc[:, None], nxt[:, None], drafts], dim=1).tolist()
+            conf = prop.confidence[:, :n_ver].tolist() if prop.confidence is not None else None
+            for b in range(bsz):
+                if done[b]:
+                    continue
+                a, t = host[b][0], host[b][1]
+                out.accept_lengths[b].append(a)
+                out.verify_lengths[b].append(vlen_host[b])
+                out.confidences[b].append(conf[b][: vlen_host[b]] if conf is not None else [])
+                done[b] = self._append(
+                    out.sequences[b], host[b][2 : 2 + a] + [t], max_new_tokens, eos
+                )
+                apos_host[b] += a + 1
+            anchor = nxt
+            apos = torch.tensor(apos_host, device=dev)
+        return self._finish(out, t0)
+
+    # ----------------------------------------------------------------- baseline
+    @torch.inference_mode()
+    def generate_autoregressive(
+        self,
+        input_ids: list[list[int]],
+        max_new_tokens: int,
+        eos_token_id: int | list[int] | None = None,
+        seed: int | None = None,
+    ) -> GenerationOutput:
+        """Plain decoding, one token per target forward, same forward / cache / masks."""
+        t0 = time.perf_counter()
+        bsz = len(input_ids)
+        out = GenerationOutput(
+            [[] for _ in range(bsz)],
+            [[] for _ in range(bsz)],
+            [[] for _ in range(bsz)],
+            [[] for _ in range(bsz)],
+        )
+        if max_new_tokens <= 0:
+            return self._finish(out, t0)
+        eos = self._eos_set(eos_token_id)
+        gen = self._generator(seed)
+        tok, lens, cache, _ = self._prefill(input_ids, max_new_tokens, False, gen)
+        host = tok.tolist()
+        done = [self._append(out.sequences[b], [host[b]], max_new_tokens, eos) for b in range(bsz)]
+        apos_host = list(lens)
+        rounds = [0] * bsz
+        while not all(done):
+            pos = torch.tensor(apos_host, device=self.device)[:, None]
+            start = apos_host[0] if len(set(apos_host)) == 1 else None
+            kv_len = bucket(max(apos_host) + 1, self.kv_bucket, cache.max_len)
+            logits, _ = self.runner.forward(tok[:, None], pos, cache, kv_len, start=start)
+            tok = self._pick(logits[:, 0], gen)
+            host = tok.tolist()
+            for b in range(bsz):
+                if not done[b]:
+                    rounds[b] += 1
+                    done[b] = self._append(out.sequences[b], [host[b]], max_new_tokens, eos)
+                    apos_host[b] += 1
+        out.num_rounds = rounds
+        return self._finish(out, t0, keep_rounds=True)
+
+    # ----------------------------------------------------------------- common
+    def _generator(self, seed: int | None):
+        if seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    @staticmethod
+    def _finish(out: GenerationOutput, t0: float, keep_rounds: bool = False) -> GenerationOutput:
+        out.new_tokens = [len(s) for s in out.sequences]
+        if not keep_rounds:
+            out.num_rounds = [len(a) for a in out.accept_lengths]
+        out.wall_time_s = time.perf_counter() - t0
+        return out

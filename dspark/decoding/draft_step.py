@@ -1,0 +1,88 @@
+"""One draft round: a single block pass, then the cheap serial Markov sampling loop.
+
+Uses only the draft inference API of docs/contracts.md (`block_hidden`, `lm_head`,
+`markov_head.step`, `confidence_head`), so any model implementing it can be decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dspark.decoding.sampling import sample, warp
+
+
+@dataclass
+class DraftProposal:
+    tokens: torch.Tensor  # [B, gamma] long
+    q: torch.Tensor | None  # [B, gamma, V] warped draft probabilities (None at T = 0)
+    confidence: torch.Tensor | None  # [B, gamma] c_k in (0, 1), None without a head
+
+
+def propose(
+    draft,
+    anchor: torch.Tensor,
+    anchor_pos: torch.Tensor,
+    ctx_kv,
+    ctx_valid,
+    *,
+    gamma: int,
+    mask_token_id: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> DraftProposal:
+    """Draft `gamma` tokens after `anchor [B]` sitting at `anchor_pos [B]`."""
+    bsz = anchor.shape[0]
+    steps = torch.arange(gamma, device=anchor.device)
+    block = torch.full((bsz, gamma), mask_token_id, dtype=torch.long, device=anchor.device)
+    block[:, 0] = anchor
+    h = draft.block_hidden(block, anchor_pos[:, None] + steps, ctx_kv, ctx_valid)
+    logits = draft.lm_head(h).float()  # U [B, gamma, V]
+    head, conf_head = draft.markov_head, draft.confidence_head
+    greedy = temperature <= 0
+    if head is None:  # pure DFlash: all slots are independent
+        q = None if greedy else warp(logits, temperature, top_k, top_p)
+        tokens = logits.argmax(-1) if greedy else sample(q, generator)
+        conf = None
+        if conf_head is not None:
+            conf = torch.sigmoid(conf_head(h.reshape(bsz * gamma, -1), None).float())
+            conf = conf.reshape(bsz, gamma)
+        return DraftProposal(tokens, q, conf)
+    state = head.init_state(bsz)
+    prev = anchor
+    tokens, qs, confs = [], [], []
+    for k in range(gamma):
+        h_k = h[:, k]
+        bias, feat, state = head.step(h_k, prev, state)
+        logit_k = logits[:, k] + bias.float()
+        if greedy:
+            prev = logit_k.argmax(-1)
+        else:
+            q_k = warp(logit_k, temperature, top_k, top_p)
+            prev = sample(q_k, generator)
+            qs.append(q_k)
+        tokens.append(prev)
+        if conf_head is not None:
+            confs.append(torch.sigmoid(conf_head(h_k, feat).float()).reshape(bsz))
+    return DraftProposal(
+        torch.stack(tokens, 1),
+        None if greedy else torch.stack(qs, 1),
+        torch.stack(confs, 1) if confs else None,
+    )
+
+
+def verify_lengths(
+    confidence: torch.Tensor | None, threshold: float | None, gamma: int, bsz: int, device
+) -> torch.Tensor:
+    """Drafts to verify per request: all `gamma`, or with a threshold the longest prefix whose
+    survival prod_{i<=k} c_i >= threshold, at least 1 (a 2-token verify costs about what a
+    1-token step does, and a round without a draft would waste the draft pass).
+    The choice depends on the draft alone, never on the target, so decoding stays lossless."""
+    if threshold is None or confidence is None:
+        return torch.full((bsz,), gamma, dtype=torch.long, device=device)
+    survival = confidence.cumprod(dim=1)
+    n = (survival >= threshold).long().cumprod(dim=1).sum(dim=1)
+    return n.clamp_min(1)

@@ -1,0 +1,97 @@
+"""One target forward over a static `TargetKVCache`, shared by speculative and AR decoding.
+
+Fast path (Llama / Qwen2 / Qwen3 / Mistral-shaped HF models): embed, rotary, the decoder
+layers with our own 4-D mask and cache, final norm; the tapped layers' raw outputs are the
+layer outputs themselves (= HF `hidden_states[i + 1]`), logits only where asked. Other
+models go through the HF forward with `output_hidden_states=True` and the same cache/mask.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.decoding.cache import TargetKVCache, causal_mask
+
+FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+class TargetRunner:
+    def __init__(self, model, tap_ids: list[int] | tuple[int, ...] = (), fast: bool | None = None):
+        self.model = model
+        self.tap_ids = list(tap_ids)
+        self.num_layers = model.config.num_hidden_layers
+        base = getattr(model, "model", None)
+        if fast is None:
+            fast = (
+                model.config.model_type in FAST_MODEL_TYPES
+                and base is not None
+                and all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "layers", "norm"))
+            )
+        self.fast = fast
+        impl = getattr(model.config, "_attn_implementation", "sdpa")
+        self.mask_dtype = None if impl in ("sdpa", None) else next(model.parameters()).dtype
+        self._core = self._fast_core if fast else self._hf_core
+
+    def compile(self, **kwargs):
+        self._core = torch.compile(self._core, **kwargs)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: TargetKVCache,
+        kv_len: int,
+        start: int | None = None,
+        tapped: bool = False,
+        logits_at: torch.Tensor | None = None,
+    ):
+        """Run `input_ids [B, n]` at `positions [B, n]`, writing K/V into `cache`.
+
+        Returns `(logits, tapped)`: logits `[B, n, V]` (or `[B, V]` at the per-row indices
+        `logits_at [B]`), fp32; tapped `[B, n, len(tap_ids) * H]` or None.
+        """
+        cache.prepare(positions, kv_len, start)
+        mask = causal_mask(positions, kv_len, self.mask_dtype)
+        hidden, taps = self._core(input_ids, positions, mask, cache, tapped)
+        if logits_at is not None:
+            hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_at]
+        logits = self.model.lm_head(hidden).float()
+        return logits, taps
+
+    def _fast_core(self, input_ids, positions, mask, cache, tapped):
+        base = self.model.model
+        h = base.embed_tokens(input_ids)
+        rope = base.rotary_emb(h, positions)
+        taps = {}
+        want = set(self.tap_ids) if tapped else ()
+        for i, layer in enumerate(base.layers[: self.num_layers]):
+            h = layer(
+                h,
+                attention_mask=mask,
+                position_embeddings=rope,
+                position_ids=positions,
+                cache=cache,
+            )
+            if isinstance(h, tuple):
+                h = h[0]
+            if i in want:
+                taps[i] = h
+        h = base.norm(h)
+        if tapped and self.num_layers - 1 in want:  # HF's hidden_states[-1] is post-norm
+            taps[self.num_layers - 1] = h
+        feats = torch.cat([taps[i] for i in self.tap_ids], dim=-1) if tapped else None
+        return h, feats
+
+    def _hf_core(self, input_ids, positions, mask, cache, tapped):
+        out = self.model.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=tapped,
+        )
+        feats = None
+        if tapped:
+            feats = torch.cat([out.hidden_states[i + 1] for i in self.tap_ids], dim=-1)
+        return out.last_hidden_state, feats
