@@ -241,3 +241,15 @@ def test_collator_pads_to_multiple(get_tok):
     batch = PadCollator(0, pad_to_multiple_of=8)([{"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}])
     assert batch["input_ids"].shape == (1, 8)
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0]]
+
+
+def test_answer_cut_by_token_limit_keeps_no_end_of_turn(get_tok):
+    tok = get_tok("qwen3")
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    full, _ = tokenize_rows([{"messages": CONV}], tok)
+    cut, stats = tokenize_rows([{"messages": CONV, "finish_reasons": ["stop", "length"]}], tok)
+    assert stats["cut_answers"] == 1
+    ids, m_full, m_cut = full[0]["input_ids"], full[0]["loss_mask"], cut[0]["loss_mask"]
+    diff = [j for j in range(len(ids)) if m_full[j] != m_cut[j]]
+    assert len(diff) == 1 and ids[diff[0]] == eot and m_cut[diff[0]] == 0
+    assert ids.count(eot) == 4 and sum(m_cut[j] for j in range(len(ids)) if ids[j] == eot) == 1

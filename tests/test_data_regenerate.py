@@ -40,6 +40,17 @@ PROMPTS = [
 SAMPLED = SamplingConfig(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=6, seed=7)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core CPU they lose a lot."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def read(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 

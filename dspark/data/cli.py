@@ -63,6 +63,12 @@ def regenerate_main(argv=None) -> int:
         help="float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)",
     )
     p.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice; use fewer on a shared CPU)",
+    )
+    p.add_argument(
         "--server",
         default=None,
         help="URL of an OpenAI-compatible server (vLLM/SGLang), e.g. http://127.0.0.1:8000",
@@ -86,6 +92,8 @@ def regenerate_main(argv=None) -> int:
     from dspark.data.regenerate import HFBackend, OpenAIBackend, SamplingConfig, regenerate
     from dspark.data.sources import load_prompts
 
+    if a.num_threads:
+        torch.set_num_threads(a.num_threads)
     prompts = load_prompts(a.input, split=a.split, limit=a.limit, name=a.config_name)
     for note in prompts.notes:
         print("note:", note, file=sys.stderr)

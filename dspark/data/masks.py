@@ -190,6 +190,22 @@ def assistant_mask(
     return ids, mask, method
 
 
+def unmask_cut_turns(ids, mask, finish_reasons, eot) -> list[int]:
+    """Take the end-of-turn marker out of the mask of answers cut by `max_new_tokens`.
+
+    The template closes every assistant turn with its marker, but the target never chose to
+    stop an answer that hit the token limit; training the draft to predict the stop there
+    would be off-policy. `finish_reasons[k]` ("stop" | "length") belongs to assistant turn k.
+    """
+    if not finish_reasons or "length" not in finish_reasons:
+        return mask
+    mask = list(mask)
+    for (_, end), reason in zip(_runs(mask), finish_reasons):
+        if reason == "length" and ids[end - 1] in eot:
+            mask[end - 1] = 0
+    return mask
+
+
 def _decode(tokenizer, ids) -> str:
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
@@ -233,7 +249,8 @@ def check_loss_masks(
         answers = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
         truncated = max_length is not None and len(ids) >= max_length
         runs = _runs(mask)
-        for s, e in runs:
+        cut = list(row.get("finish_reasons") or [])
+        for k, (s, e) in enumerate(runs):
             body = ids[s:e]
             ended = bool(body) and body[-1] in eot
             if ended:
@@ -246,7 +263,8 @@ def check_loss_masks(
                     f"decode to {text[:120]!r}, which is not assistant content (role headers, "
                     f"system prompt or think block must stay unmasked). {fix}"
                 )
-            if eot and not ended and not (truncated and e == len(ids)):
+            was_cut = k < len(cut) and cut[k] == "length"
+            if eot and not ended and not was_cut and not (truncated and e == len(ids)):
                 raise LossMaskError(
                     f"loss mask of row {r} misses the end-of-turn marker after tokens {s}..{e - 1}"
                     f" (expected one of {sorted(eot)}); the draft must learn to stop. {fix}"

@@ -205,6 +205,9 @@ def _normalized(i: int, row: Any) -> dict:
     own = row.get("index")
     if isinstance(own, int) and not isinstance(own, bool):
         out["source_index"] = own
+    finish = row.get("finish_reasons")  # a regenerated file: which answers hit the limit
+    if isinstance(finish, list) and all(isinstance(f, str) for f in finish):
+        out["finish_reasons"] = finish
     return out
 
 

@@ -20,6 +20,7 @@ from dspark.data.masks import (
     end_of_turn_ids,
     has_generation_markers,
     template_of,
+    unmask_cut_turns,
 )
 
 MANIFEST = "manifest.json"
@@ -62,7 +63,7 @@ def tokenize_rows(
     eot = end_of_turn_ids(tokenizer, chat_template_kwargs)
     out = {"index": [], "input_ids": [], "loss_mask": []}
     kept_msgs = []
-    stats = {"rows_in": 0, "no_assistant": 0, "truncated": 0, "truncated_away": 0}
+    stats = {"rows_in": 0, "no_assistant": 0, "truncated": 0, "truncated_away": 0, "cut_answers": 0}
     used = method
     for i, row in enumerate(rows):
         stats["rows_in"] += 1
@@ -73,6 +74,10 @@ def tokenize_rows(
         ids, mask, used = assistant_mask(
             tokenizer, msgs, method=method, eot_ids=eot, chat_template_kwargs=chat_template_kwargs
         )
+        finish = row.get("finish_reasons")
+        if finish and "length" in finish:
+            stats["cut_answers"] += finish.count("length")
+            mask = unmask_cut_turns(ids, mask, finish, eot)
         if len(ids) > max_length:
             stats["truncated"] += 1
             ids, mask = ids[:max_length], mask[:max_length]
@@ -82,7 +87,7 @@ def tokenize_rows(
         out["index"].append(int(row.get("source_index", row.get("index", i))))
         out["input_ids"].append(ids)
         out["loss_mask"].append(mask)
-        kept_msgs.append(msgs)
+        kept_msgs.append({"messages": msgs, "finish_reasons": finish})
         if preflight and len(kept_msgs) == PREFLIGHT_ROWS:
             _preflight(tokenizer, kept_msgs, out, eot, max_length)
     if not out["input_ids"]:
@@ -115,14 +120,12 @@ def tokenize_rows(
     return datasets.Dataset.from_dict(out, features=feats), stats
 
 
-def _preflight(tokenizer, msgs, out, eot, max_length):
-    rows = (
-        {"messages": m, "input_ids": i, "loss_mask": k}
-        for m, i, k in zip(msgs, out["input_ids"], out["loss_mask"])
-    )
-    check_loss_masks(
-        tokenizer, list(rows), eot_ids=eot, max_rows=PREFLIGHT_ROWS, max_length=max_length
-    )
+def _preflight(tokenizer, kept, out, eot, max_length):
+    rows = [
+        {**meta, "input_ids": i, "loss_mask": k}
+        for meta, i, k in zip(kept, out["input_ids"], out["loss_mask"])
+    ]
+    check_loss_masks(tokenizer, rows, eot_ids=eot, max_rows=PREFLIGHT_ROWS, max_length=max_length)
 
 
 def save_tokenized(
