@@ -480,3 +480,60 @@ def test_sampled_output_has_the_target_distribution(tiny_target, markov, top_k, 
     if markov:  # the AR baseline samples the same distribution
         ar = dec.generate_autoregressive([prompt] * n, depth, seed=99)
         assert _chisquare(ar.sequences, joint) > 1e-3
+
+
+# ------------------------------------------------------------------ the real DSpark draft
+def _real_draft(model, tok, **kw):
+    from dspark.config import DSparkConfig, choose_mask_token_id
+    from dspark.modeling import DSparkDraftModel
+
+    kw.setdefault("num_hidden_layers", 1)
+    kw.setdefault("block_size", 4)
+    kw.setdefault("markov_rank", 16)
+    cfg = DSparkConfig.from_target_config(
+        model.config, mask_token_id=choose_mask_token_id(tok, model.config.vocab_size), **kw
+    )
+    torch.manual_seed(0)
+    return DSparkDraftModel.from_target(model, cfg).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"markov_head_type": "rnn", "block_size": 3},
+        {"markov_rank": 0, "confidence_head_with_markov": False},
+    ],
+)
+def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
+    model, tok = tiny_target(arch)
+    draft = _real_draft(model, tok, **kw)
+    prompts = prompts_for(model.config.vocab_size, (5, 9), 29)
+    dec = SpeculativeDecoder(model, draft, confidence_threshold=0.3 if kw else None)
+    out = dec.generate(prompts, 10)
+    assert out.sequences == [greedy_reference(model, p, 10) for p in prompts]
+    assert all(
+        len(c) == v for cs, vs in zip(out.confidences, out.verify_lengths) for c, v in zip(cs, vs)
+    )
+    # the draft context cache holds context_kv of the committed sequence's tapped features
+    for b, (p, seq) in enumerate(zip(prompts, out.sequences)):
+        committed = p + seq[:-1]
+        n = len(committed)
+        with torch.no_grad():
+            hs = model(torch.tensor([committed]), output_hidden_states=True).hidden_states
+        tapped = torch.cat([hs[i + 1] for i in draft.config.target_layer_ids], -1)
+        kv = draft.context_kv(draft.encode_context(tapped), torch.arange(n)[None])
+        for (k, v), kc, vc in zip(kv, dec._ctx_cache.keys, dec._ctx_cache.values):
+            torch.testing.assert_close(kc[b, :, :n], k[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(vc[b, :, :n], v[0], atol=1e-4, rtol=1e-4)
+
+
+def test_real_draft_sampling_runs_and_is_seeded(tiny_target):
+    model, tok = tiny_target("qwen3")
+    draft = _real_draft(model, tok)
+    prompts = prompts_for(model.config.vocab_size, (4, 7, 5), 31)
+    dec = SpeculativeDecoder(model, draft, temperature=0.8, top_p=0.95)
+    a = dec.generate(prompts, 12, seed=7)
+    b = dec.generate(prompts, 12, seed=7)
+    assert a.sequences == b.sequences and all(len(s) == 12 for s in a.sequences)
+    assert a.tau >= 1.0

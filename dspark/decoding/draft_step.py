@@ -41,22 +41,22 @@ def propose(
     block[:, 0] = anchor
     h = draft.block_hidden(block, anchor_pos[:, None] + steps, ctx_kv, ctx_valid)
     logits = draft.lm_head(h).float()  # U [B, gamma, V]
-    head, conf_head = draft.markov_head, draft.confidence_head
+    head = getattr(draft, "markov_head", None)
+    conf_head = getattr(draft, "confidence_head", None)
     greedy = temperature <= 0
     if head is None:  # pure DFlash: all slots are independent
         q = None if greedy else warp(logits, temperature, top_k, top_p)
         tokens = logits.argmax(-1) if greedy else sample(q, generator)
         conf = None
         if conf_head is not None:
-            conf = torch.sigmoid(conf_head(h.reshape(bsz * gamma, -1), None).float())
-            conf = conf.reshape(bsz, gamma)
+            conf = conf_head(h.reshape(bsz * gamma, -1), None)
+            conf = torch.sigmoid(conf.float()).reshape(bsz, gamma)
         return DraftProposal(tokens, q, conf)
     state = head.init_state(bsz)
     prev = anchor
-    tokens, qs, confs = [], [], []
+    tokens, qs, feats = [], [], []
     for k in range(gamma):
-        h_k = h[:, k]
-        bias, feat, state = head.step(h_k, prev, state)
+        bias, feat, state = head.step(h[:, k], prev, state)
         logit_k = logits[:, k] + bias.float()
         if greedy:
             prev = logit_k.argmax(-1)
@@ -65,12 +65,16 @@ def propose(
             prev = sample(q_k, generator)
             qs.append(q_k)
         tokens.append(prev)
-        if conf_head is not None:
-            confs.append(torch.sigmoid(conf_head(h_k, feat).float()).reshape(bsz))
+        feats.append(feat)
+    conf = None
+    if conf_head is not None:  # one call for all slots, after the serial loop
+        flat_feat = torch.stack(feats, 1).reshape(bsz * gamma, -1)
+        conf = conf_head(h.reshape(bsz * gamma, -1), flat_feat)
+        conf = torch.sigmoid(conf.float()).reshape(bsz, gamma)
     return DraftProposal(
         torch.stack(tokens, 1),
         None if greedy else torch.stack(qs, 1),
-        torch.stack(confs, 1) if confs else None,
+        conf,
     )
 
 
