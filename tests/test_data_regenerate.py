@@ -261,3 +261,11 @@ def test_cli_end_to_end_with_tokenize(tmp_path, tiny_target_dir):
     assert len(ds) == man["rows"] == 6 and ds["index"] == [0, 1, 2, 3, 5, 6]
     assert man["target"] == "tiny-llama" and man["mask_method"] == "offsets"
     assert 0 < man["assistant_share"] < 1
+    # the separate tokenize script gives the same set
+    from dspark.data.cli import tokenize_main
+
+    again = tmp_path / "tok2"
+    tok_args = ["--target", "tiny-llama", "--input", str(out / OUTPUT), "--output", str(again)]
+    assert tokenize_main(tok_args + ["--max-length", "256"]) == 0
+    ds2 = datasets.load_from_disk(str(again))
+    assert ds2["input_ids"] == ds["input_ids"] and ds2["loss_mask"] == ds["loss_mask"]
