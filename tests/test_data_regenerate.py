@@ -269,3 +269,13 @@ def test_cli_end_to_end_with_tokenize(tmp_path, tiny_target_dir):
     assert tokenize_main(tok_args + ["--max-length", "256"]) == 0
     ds2 = datasets.load_from_disk(str(again))
     assert ds2["input_ids"] == ds["input_ids"] and ds2["loss_mask"] == ds["loss_mask"]
+
+
+def test_per_row_sampling_ignores_batch_neighbours(backend):
+    conv = [{"role": "user", "content": "hi there"}]
+    s = SamplingConfig(temperature=1.0, max_new_tokens=6)
+    batch = [r.text for r in backend.generate([conv] * 3, [1, 2, 1], s)]
+    alone = [r.text for r in backend.generate([conv], [2], s)]
+    greedy = [r.text for r in backend.generate([conv], [2], SamplingConfig(max_new_tokens=6))]
+    assert batch[0] == batch[2] != batch[1] == alone[0]
+    assert len({batch[0], batch[1], greedy[0]}) == 3
