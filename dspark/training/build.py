@@ -25,14 +25,14 @@ def build_draft(cfg, device: torch.device):
                 f"{draft.config.hidden_size}, but {cfg.target.name} has "
                 f"{target.config.hidden_size}"
             )
-        draft._freeze_target_copies() if hasattr(draft, "_freeze_target_copies") else None
+        draft.freeze_target_copies()
     else:
         config = DSparkConfig.from_target_config(
             target.config,
             num_hidden_layers=d.num_hidden_layers,
             block_size=d.block_size,
             target_layer_ids=list(d.target_layer_ids) if d.target_layer_ids is not None else None,
-            num_tapped_layers=d.num_target_layers_tapped,
+            num_target_features=d.num_target_layers_tapped,
             mask_token_id=d.mask_token_id
             if d.mask_token_id is not None
             else choose_mask_token_id(tokenizer, target.config.vocab_size),
@@ -59,6 +59,38 @@ def build_objective_for(cfg, target, draft_config):
         l1_weight=o.l1_weight,
         confidence_weight=o.confidence_weight,
         loss_decay_gamma=o.loss_decay_gamma,
+    )
+
+
+def regenerate_if_missing(cfg, target, tokenizer) -> None:
+    """Build `data.train` from `data.prompts` answered by the target itself, when it is missing.
+
+    Writes `<train>/..` (regenerated.jsonl, resumable) and `<train>` (tokenized). Call on one
+    rank; the others wait (`accelerator.main_process_first()`).
+    """
+    d = cfg.data
+    train = Path(d.train).expanduser()
+    if train.exists() or not d.prompts:
+        return
+    from dspark.data.regenerate import HFBackend, SamplingConfig, regenerate
+    from dspark.data.sources import load_prompts
+    from dspark.data.tokenize import tokenize_file
+
+    prompts = load_prompts(d.prompts, split="train", limit=d.prompts_limit)
+    regenerate(
+        prompts,
+        HFBackend(target, tokenizer),
+        train.parent,
+        sampling=SamplingConfig(max_new_tokens=d.answer_tokens, seed=cfg.trainer.seed),
+        batch_size=8,
+        settings={"target": cfg.target.name},
+    )
+    tokenize_file(
+        str(train.parent / "regenerated.jsonl"),
+        str(train),
+        target=cfg.target.name,
+        max_length=d.max_length,
+        tokenizer=tokenizer,
     )
 
 

@@ -19,7 +19,13 @@ from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from dspark.training.build import build_draft, build_objective_for, load_datasets, make_loader
+from dspark.training.build import (
+    build_draft,
+    build_objective_for,
+    load_datasets,
+    make_loader,
+    regenerate_if_missing,
+)
 from dspark.training.checkpoint import Progress, latest_checkpoint, publish_draft, save_checkpoint
 from dspark.training.optim import build_optimizer, warmup_cosine
 from dspark.training.report import write_report
@@ -67,7 +73,10 @@ def run(cfg) -> dict:
     main = accelerator.is_main_process
     target, tokenizer, draft = build_draft(cfg, accelerator.device)
     objective = build_objective_for(cfg, target, draft.config)
-    train_ds, eval_ds = load_datasets(cfg, tokenizer)
+    with accelerator.main_process_first():
+        if main:
+            regenerate_if_missing(cfg, target, tokenizer)
+        train_ds, eval_ds = load_datasets(cfg, tokenizer)
     train_dl = make_loader(train_ds, tokenizer, cfg, shuffle=cfg.data.shuffle)
     eval_dl = make_loader(eval_ds, tokenizer, cfg, shuffle=False)
 
@@ -78,7 +87,7 @@ def run(cfg) -> dict:
     # Not prepared: Accelerate would step it once per process; it steps once per optimizer step.
     scheduler = warmup_cosine(optimizer, total, cfg.optim.warmup_ratio, cfg.optim.min_lr_ratio)
     progress = Progress()
-    accelerator.register_for_checkpointing(scheduler, progress)
+    accelerator.register_for_checkpointing(scheduler, progress, objective)  # + anchor RNG
 
     resumed_from = latest_checkpoint(out) if t_cfg.resume else None
     if resumed_from:
