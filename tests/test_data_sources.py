@@ -168,3 +168,9 @@ def test_embedded_prompts_same_in_a_fresh_process():
     assert runs[0] == runs[1] and len(runs[0].split()) == 2
     ps = load_prompts("embedded", split="test")
     assert len(ps) == len(embedded_prompts("test")) and ps.source == "embedded:test"
+
+
+@pytest.mark.parametrize("source", ["missing.jsonl", "./missing", "/no/such/file.parquet"])
+def test_missing_files_are_named_not_sent_to_the_hub(source):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_prompts(source)

@@ -261,7 +261,7 @@ def load_raw_dataset(source: str, split: str = "train", name: str | None = None)
             ds = datasets.load_from_disk(str(path))
             return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
         return datasets.load_dataset(str(path), split=split)
-    if source.startswith((".", "/", "~")):
+    if source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
         raise FileNotFoundError(f"prompt source {source!r} does not exist")
     return datasets.load_dataset(source, name, split=split)
 
