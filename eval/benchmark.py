@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dspark.eval.config import check_overrides, register
 
@@ -20,6 +20,8 @@ register()
 
 @hydra.main(version_base="1.3", config_path="../conf/benchmark", config_name="benchmark")
 def main(cfg: DictConfig) -> None:
+    if OmegaConf.is_missing(cfg, "draft"):
+        raise SystemExit("benchmark: pass draft=PATH, a DSpark draft directory (save_pretrained)")
     from dspark.eval.runner import run
 
     out_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir

@@ -134,3 +134,11 @@ def test_misspelt_key_fails_clearly():
         cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0 and "Did you mean 'calibration.bins'?" in proc.stderr
+
+
+def test_missing_draft_fails_clearly(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "eval/benchmark.py", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "pass draft=PATH" in proc.stderr

@@ -30,7 +30,8 @@ def acceptance_plot(results: dict, path: Path) -> Path:
         a = d["acceptance"]
         cond = [float("nan") if x is None else x for x in a["conditional_acceptance"]]
         surv = [float("nan") if x is None else x for x in a["survival"]]
-        ax.plot(ks, cond, "o-", color=color, label=f"{name} P(k | k-1) (tau {a['tau']:.2f})")
+        tau = "n/a" if a["tau"] is None else f"{a['tau']:.2f}"
+        ax.plot(ks, cond, "o-", color=color, label=f"{name} P(k | k-1) (tau {tau})")
         ax.plot(ks, surv, "s--", color=color, alpha=0.6, label=f"{name} survival")
     ax.set(xlabel="draft position k", ylabel="acceptance", ylim=(0, 1.02), xticks=ks)
     ax.set_title("Acceptance per position\n" + _subtitle(c), fontsize=9)

@@ -63,7 +63,9 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
         "## Acceptance",
         "",
         f"Conditions: {base_cond}. tau counts the bonus/correction token; "
-        "drafted = rounds x block size, verified = drafts sent to the target.",
+        "drafted = rounds x block size, verified = drafts sent to the target (without a "
+        "confidence threshold a verify rate under 100% comes from the max_new_tokens budget "
+        "capping the last rounds).",
         "",
     ]
     rows = []

@@ -376,6 +376,25 @@ def summarize(
     return results
 
 
+def write_rounds(records: list[DatasetRecord], path) -> None:
+    """One JSON line per request: the raw per-round record (to re-analyse or refit STS)."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            for i, (a, v, c) in enumerate(zip(r.accept_lengths, r.verify_lengths, r.confidences)):
+                row = {
+                    "dataset": r.name,
+                    "request": i,
+                    "prompt_tokens": r.prompt_tokens[i],
+                    "new_tokens": r.spec_tokens[i],
+                    "accept_lengths": a,
+                    "verify_lengths": v,
+                    "confidences": c,
+                }
+                f.write(json.dumps(row) + "\n")
+
+
 # -- the whole run ------------------------------------------------------------------------------
 def load_models(cfg):
     """(target, tokenizer, draft, target spec) on the configured device and dtype."""
@@ -436,6 +455,7 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     plots = make_plots(results, out) if cfg.plots else {}
     results["plots"] = plots
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    write_rounds(records, out / "rounds.jsonl")
     report = render_report(results, plots)
     (out / "report.md").write_text(report)
     return results, report
