@@ -86,6 +86,9 @@ def test_script_end_to_end(tiny_target, tmp_path, bench_dir):
     assert res["sts"]["temperatures"] and len(res["sts"]["temperatures"]) == 3
     for png in ("acceptance_per_position.png", "speedup.png", "reliability.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == 5 and sum(r["dataset"] == "tiny" for r in rounds) == 3
+    assert sum(len(r["accept_lengths"]) for r in rounds[:3]) == acc["rounds"]
     report = (out / "report.md").read_text()
     for heading in ("## Acceptance", "## Conditional acceptance", "## Survival", "## Speed",
                     "## Versus transformers", "## Confidence calibration"):  # fmt: skip

@@ -232,6 +232,27 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
         out += _table(
             ["dataset", "view", "n", "accepted", "mean conf", "ECE", "AUROC", "Brier"], rows
         )
+        by_pos = calib.get("conditional_by_position") or []
+        if by_pos:
+            out += [
+                "",
+                "Per position, all datasets pooled (conditional view; survival in parentheses):",
+                "",
+            ]
+            surv = {r["position"]: r for r in calib.get("survival_by_position") or []}
+            rows = []
+            for r in by_pos:
+                s = surv.get(r["position"], {})
+                rows.append(
+                    [
+                        str(r["position"]),
+                        str(r["n"]),
+                        _pct(r["positive_rate"]),
+                        f"{_pct(r['ece'])} ({_pct(s.get('ece'))})",
+                        f"{_f(r['auroc'], 3)} ({_f(s.get('auroc'), 3)})",
+                    ]
+                )
+            out += _table(["k", "n", "accepted", "ECE", "AUROC"], rows)
         sts = results.get("sts")
         if sts:
             out += [
