@@ -31,6 +31,8 @@ from dspark.training.optim import build_optimizer, warmup_cosine
 from dspark.training.report import write_report
 from dspark.training.tracking import JsonlLog, init_tracking
 
+COUNT_METRICS = ("supervised_tokens", "blocks")
+
 
 @dataclass
 class AccelerateReducer:
@@ -102,16 +104,24 @@ def run(cfg) -> dict:
     reducer = AccelerateReducer(accelerator)
 
     def evaluate() -> dict:
+        """Held-out metrics, each batch weighted by its supervised tokens; counts summed."""
         draft.eval()
-        sums, n = {}, 0
+        sums, counts, weight = {}, {}, 0.0
         with torch.no_grad():
             for batch in eval_dl:
-                m = objective.evaluate(draft, batch, reducer)
+                m = {k: float(v) for k, v in objective.evaluate(draft, batch, reducer).items()}
+                w = m.get("supervised_tokens", 1.0)
+                weight += w
                 for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                n += 1
+                    if k in COUNT_METRICS:
+                        counts[k] = counts.get(k, 0.0) + v
+                    else:
+                        sums[k] = sums.get(k, 0.0) + w * v
         draft.train()
-        return {f"eval/{k}": v / max(1, n) for k, v in sums.items()}
+        return {
+            **{f"eval/{k}": v / max(weight, 1e-9) for k, v in sums.items()},
+            **{f"eval/{k}": v for k, v in counts.items()},
+        }
 
     bar = tqdm(
         total=total, initial=progress.step, desc="distill", disable=not main, dynamic_ncols=True

@@ -1,0 +1,85 @@
+"""How expensive is a training step relative to the frozen target's forward on the same batch?
+
+Online capture runs the target inside every step, so the target's forward is the floor; the
+draft's forward + backward, its lm_head over every block slot and the optimizer step come on top.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dspark.objectives import LocalReducer
+from dspark.training.build import build_draft, build_objective_for, load_datasets, make_loader
+from dspark.training.loop import peak_memory_mb
+from dspark.training.optim import build_optimizer
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None = None) -> dict:
+    """Median seconds of (a) the target's forward alone (tapped layers + final norm, as the
+    objective captures it) and (b) a whole training step, over the same `steps` batches."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    target, tokenizer, draft = build_draft(cfg, dev)
+    objective = build_objective_for(cfg, target, draft.config)
+    train_ds, _ = load_datasets(cfg, tokenizer)
+    loader = make_loader(train_ds, tokenizer, cfg, shuffle=False)
+    optimizer = build_optimizer(draft, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
+    autocast = torch.autocast(
+        dev.type, dtype=torch.bfloat16, enabled=cfg.trainer.mixed_precision == "bf16"
+    )
+    batches = []
+    for b in loader:
+        batches.append({k: v.to(dev) for k, v in b.items()})
+        if len(batches) == warmup + steps:
+            break
+    fwd, step, tokens = [], [], []
+    for i, batch in enumerate(batches):
+        _sync(dev)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            objective.features(batch)
+        _sync(dev)
+        t1 = time.perf_counter()
+        with autocast:
+            loss, _ = objective.step(draft, batch, LocalReducer())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(dev)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            step.append(t2 - t1)
+            tokens.append(int(batch["attention_mask"].sum()))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {
+        "target_forward_s": med(fwd),
+        "train_step_s": med(step),
+        "step_over_target_forward": med(step) / med(fwd),
+        "train_tokens_per_s": sum(tokens) / sum(step),
+        "peak_memory_mb": peak_memory_mb(dev),
+        "conditions": {
+            "target": cfg.target.name,
+            "target_dtype": cfg.target.dtype,
+            "mixed_precision": cfg.trainer.mixed_precision,
+            "device": str(dev),
+            "threads": torch.get_num_threads(),
+            "batch": cfg.data.batch_size,
+            "mean_tokens_per_batch": sum(tokens) / len(tokens),
+            "block_size": cfg.draft.block_size,
+            "num_anchors": cfg.draft.num_anchors,
+            "draft_layers": cfg.draft.num_hidden_layers,
+            "markov_rank": cfg.draft.markov_rank,
+            "steps_timed": len(step),
+            "torch": torch.__version__,
+        },
+    }
