@@ -48,9 +48,6 @@ _NOT_COPIED = (
     "layer_types",
     "tie_word_embeddings",
     "output_attentions",
-    "max_window_layers",
-    "use_sliding_window",
-    "sliding_window",
 )
 
 
@@ -282,6 +279,8 @@ class DSparkConfig(PretrainedConfig):
         family = target_family(src.get("model_type", ""))
         if "text_config" in src:
             raise ValueError("multimodal targets (with a text_config) are not supported yet")
+        if src.get("use_sliding_window"):
+            raise ValueError("sliding-window targets are not supported: drafts use full attention")
         n_target = int(src["num_hidden_layers"])
         if target_layer_ids is None:
             target_layer_ids = default_target_layer_ids(n_target, num_target_features)
