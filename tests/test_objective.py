@@ -286,3 +286,15 @@ def test_training_lowers_loss_and_keeps_frozen_weights(tiny_target, arch_, over)
         assert torch.equal(params[n], p0), f"{n} changed"
     for n, p in target.named_parameters():
         assert torch.equal(p, target_before[n]) and p.grad is None, n
+
+
+def test_batch_without_supervised_tokens(tiny_target):
+    target, tok = tiny_target("llama")
+    draft = make_draft(target, tok, markov_head_type="rnn")
+    obj = build_objective("dspark", target, draft.config)
+    batch = make_batch(S=12)
+    batch["loss_mask"].zero_()
+    loss, metrics = obj.step(draft, batch)
+    loss.backward()
+    assert float(loss) == 0.0 and metrics["supervised_tokens"] == 0 and metrics["blocks"] == 0
+    assert all(math.isfinite(v) for v in metrics.values())
