@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark.decoding.sampling import sample, warp
+from dspark.decoding.target_step import head_logits
 
 
 @dataclass
@@ -40,7 +41,7 @@ def propose(
     block = torch.full((bsz, gamma), mask_token_id, dtype=torch.long, device=anchor.device)
     block[:, 0] = anchor
     h = draft.block_hidden(block, anchor_pos[:, None] + steps, ctx_kv, ctx_valid)
-    logits = draft.lm_head(h).float()  # U [B, gamma, V]
+    logits = head_logits(draft.lm_head, h)  # U [B, gamma, V]
     head = getattr(draft, "markov_head", None)
     conf_head = getattr(draft, "confidence_head", None)
     greedy = temperature <= 0

@@ -15,6 +15,24 @@ from dspark.decoding.cache import TargetKVCache, causal_mask
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
+def head_logits(head, hidden: torch.Tensor) -> torch.Tensor:
+    """`head(hidden)` in fp32. On CPU, a large-vocab bias-free head applied to a few rows runs
+    as `(W @ h^T)^T`: measured 2-3x faster than `F.linear` for 2-8 rows of SmolLM2's
+    49152 x 576 head (1 thread), identical for one row; GPUs keep `F.linear`."""
+    weight = getattr(head, "weight", None)
+    rows = hidden.numel() // hidden.shape[-1]
+    if (
+        isinstance(head, torch.nn.Linear)
+        and head.bias is None
+        and hidden.device.type == "cpu"
+        and 1 < rows <= 64
+        and weight.shape[0] >= 8 * weight.shape[1]
+    ):
+        flat = hidden.reshape(rows, hidden.shape[-1]).to(weight.dtype)
+        return (weight @ flat.T).T.reshape(*hidden.shape[:-1], weight.shape[0]).float()
+    return head(hidden).float()
+
+
 class TargetRunner:
     def __init__(self, model, tap_ids: list[int] | tuple[int, ...] = (), fast: bool | None = None):
         self.model = model
@@ -55,7 +73,7 @@ class TargetRunner:
         hidden, taps = self._core(input_ids, positions, mask, cache, tapped)
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_at]
-        logits = self.model.lm_head(hidden).float()
+        logits = head_logits(self.model.lm_head, hidden)
         return logits, taps
 
     def _fast_core(self, input_ids, positions, mask, cache, tapped):
@@ -63,6 +81,7 @@ class TargetRunner:
         h = base.embed_tokens(input_ids)
         rope = base.rotary_emb(h, positions)
         taps = {}
+        tapped = tapped and bool(self.tap_ids)
         want = set(self.tap_ids) if tapped else ()
         for i, layer in enumerate(base.layers[: self.num_layers]):
             h = layer(
