@@ -547,3 +547,36 @@ def test_real_draft_sampling_runs_and_is_seeded(tiny_target):
     b = dec.generate(prompts, 12, seed=7)
     assert a.sequences == b.sequences and all(len(s) == 12 for s in a.sequences)
     assert a.tau >= 1.0
+
+
+@pytest.mark.parametrize("w2_scale", [1.0, 30.0, 1000.0])
+def test_pruned_greedy_markov_step_equals_full(tiny_target, monkeypatch, w2_scale):
+    """The CPU T=0 shortcut (Cauchy-Schwarz pruning of the W2 GEMV) drafts the same tokens."""
+    from dspark.decoding import decoder, draft_step
+
+    model, tok = tiny_target("qwen3")
+    drafted = []
+
+    def spy(*args, **kwargs):
+        prop = draft_step.propose(*args, **kwargs)
+        drafted.append(prop.tokens.tolist())
+        return prop
+
+    monkeypatch.setattr(decoder, "propose", spy)
+    for head_type in ("vanilla", "gated"):
+        draft = _real_draft(model, tok, markov_head_type=head_type, block_size=5)
+        with torch.no_grad():
+            draft.markov_head.markov_w2.weight.mul_(w2_scale)
+        prompts = prompts_for(model.config.vocab_size, (6, 3), 37)
+        dec = SpeculativeDecoder(model, draft)
+        drafted.clear()
+        pruned = dec.generate(prompts, 12)
+        pruned_drafts = list(drafted)
+        assert draft_step._GreedyPruner.get(draft.markov_head) is not None
+        with monkeypatch.context() as m:
+            m.setattr(draft_step._GreedyPruner, "get", classmethod(lambda cls, h: None))
+            drafted.clear()
+            full = dec.generate(prompts, 12)
+        assert pruned_drafts == drafted
+        assert pruned.sequences == full.sequences
+        assert pruned.confidences == full.confidences
