@@ -15,6 +15,13 @@ requests advance by their own acceptance lengths with no leakage. Finished rows 
 batch (static shapes) with a frozen position and are ignored.
 Host syncs: one small device->host copy per round (accept counts and tokens, needed for
 EOS / budget bookkeeping), plus one more with a confidence threshold (the verify length).
+Verify length per request = min(gamma, threshold prefix, remaining budget - 1); the verify
+pass runs the longest of them (rows with shorter ones ignore the extra drafts).
+`compile=True` wraps the target's layer loop in `torch.compile(dynamic=True)` (checked on
+CPU with a tiny target: ~2 min first compile, identical output; meant for GPUs).
+Measured on a shared 2-core CPU with SmolLM2-135M (fp32, 1 thread): the AR baseline here
+runs at HF `generate` speed (~16.7 tok/s both); one default draft round (5 layers, gamma 7,
+rank 256, random init) takes ~30 ms at T=0, an 8-token verify ~90 ms, a 1-token step ~54 ms.
 """
 
 from __future__ import annotations
