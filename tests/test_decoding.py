@@ -133,6 +133,7 @@ class OracleDraft(nn.Module):
             markov_rank=4 if markov else 0,
         )
         self.g = torch.Generator().manual_seed(seed)
+        self.decoder = None  # set to map live batch rows to requests once rows retire
         self.markov_head = _ZeroMarkov(vocab) if markov else None
         self.confidence_head = _OracleConfidence(vocab)
 
@@ -146,9 +147,10 @@ class OracleDraft(nn.Module):
         bsz, g = block_ids.shape
         toks = torch.randint(0, self.vocab, (bsz, g), generator=self.g)
         good = torch.rand(bsz, g, generator=self.g) >= self.corrupt
-        for b in range(bsz):
+        requests = self.decoder.live_rows if self.decoder is not None else range(bsz)
+        for b, req in enumerate(requests):
             p = int(block_position_ids[b, 0])
-            ref = self.refs[b][p + 1 : p + 1 + g]
+            ref = self.refs[req][p + 1 : p + 1 + g]
             toks[b, : len(ref)] = torch.where(
                 good[b, : len(ref)], torch.tensor(ref), toks[b, : len(ref)]
             )
@@ -210,7 +212,8 @@ def test_greedy_speculative_equals_plain_greedy_oracle(tiny_target, arch, length
     draft = OracleDraft(
         [p + r for p, r in zip(prompts, refs)], vocab, gamma=4, markov=seed != 1, seed=seed
     )
-    out = SpeculativeDecoder(model, draft).generate(prompts, max_new)
+    dec = draft.decoder = SpeculativeDecoder(model, draft)
+    out = dec.generate(prompts, max_new)
     assert out.sequences == refs
     rounds = [a for accs in out.accept_lengths for a in accs]
     assert any(a > 0 for a in rounds) and any(a < 4 for a in rounds), rounds
@@ -251,7 +254,8 @@ def test_confidence_threshold_is_lossless_and_shortens_verify(tiny_target):
     prompts = prompts_for(vocab, (4, 8), 7)
     refs = [greedy_reference(model, p, 16) for p in prompts]
     draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=5, seed=4)
-    out = SpeculativeDecoder(model, draft, confidence_threshold=0.5).generate(prompts, 16)
+    dec = draft.decoder = SpeculativeDecoder(model, draft, confidence_threshold=0.5)
+    out = dec.generate(prompts, 16)
     assert out.sequences == refs
     vers = [v for vs in out.verify_lengths for v in vs]
     assert min(vers) >= 1 and any(v < 5 for v in vers)
@@ -269,7 +273,7 @@ def test_eos_and_max_new_tokens(tiny_target):
     prompt = prompts_for(vocab, (6,), 11)[0]
     ref = greedy_reference(model, prompt, 20)
     draft = OracleDraft([prompt + ref], vocab, gamma=4, corrupt=0.1, seed=2)
-    dec = SpeculativeDecoder(model, draft)
+    dec = draft.decoder = SpeculativeDecoder(model, draft)
     for n in (1, 2, 3, 4, 5, 6, 9, 20):
         draft.refs = [prompt + ref]
         out = dec.generate([prompt], n)
@@ -295,9 +299,11 @@ def test_eos_in_one_request_leaves_others_running(tiny_target):
     eos = refs[0][2]
     expect = [greedy_reference(model, p, 15, eos=(eos,)) for p in prompts]
     draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=5)
-    out = SpeculativeDecoder(model, draft).generate(prompts, 15, eos_token_id=eos)
+    dec = draft.decoder = SpeculativeDecoder(model, draft)
+    out = dec.generate(prompts, 15, eos_token_id=eos)
     assert out.sequences == expect
     assert len(out.sequences[0]) <= 3
+    assert dec.generate_autoregressive(prompts, 15, eos_token_id=eos).sequences == expect
 
 
 def test_max_length_is_enforced(tiny_target):
@@ -320,32 +326,37 @@ def _fresh_kv(model, tokens):
 def test_target_and_context_caches_match_a_rebuild(tiny_target, arch):
     model, _ = tiny_target(arch)
     vocab = model.config.vocab_size
-    prompts = prompts_for(vocab, (4, 10), 17)
-    refs = [greedy_reference(model, p, 13) for p in prompts]
+    prompts = prompts_for(vocab, (4, 10, 7), 17)
+    full = [greedy_reference(model, p, 13) for p in prompts]
+    eos = full[1][4]  # request 1 stops early: the live batch shrinks mid-way
+    refs = [greedy_reference(model, p, 13, eos=(eos,)) for p in prompts]
     draft = ToyDraft(model, gamma=4, seed=6)
-    oracle = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=6)
+    oracle = OracleDraft([p + r for p, r in zip(prompts, full)], vocab, gamma=4, seed=6)
     # the oracle picks the tokens; the toy draft's context API fills the context cache
     oracle.encode_context, oracle.context_kv = draft.encode_context, draft.context_kv
     dec = SpeculativeDecoder(model, oracle)
-    out = dec.generate(prompts, 13)
+    oracle.decoder = dec
+    out = dec.generate(prompts, 13, eos_token_id=eos)
     assert out.sequences == refs
+    assert len({len(s) for s in refs}) > 1
     assert any(a < 4 for accs in out.accept_lengths for a in accs)  # there were rejections
     for b, (p, seq) in enumerate(zip(prompts, out.sequences)):
         committed = p + seq[:-1]  # everything but the pending anchor is in the caches
         n = len(committed)
         keys, values, hidden = _fresh_kv(model, committed)
+        cache, ctx, row = dec.last_caches[b]  # the live batch shrinks as requests finish
         for layer in range(model.config.num_hidden_layers):
             torch.testing.assert_close(
-                dec._target_cache.keys[layer][b, :, :n], keys[layer][0], atol=1e-4, rtol=1e-4
+                cache.keys[layer][row, :, :n], keys[layer][0], atol=1e-4, rtol=1e-4
             )
             torch.testing.assert_close(
-                dec._target_cache.values[layer][b, :, :n], values[layer][0], atol=1e-4, rtol=1e-4
+                cache.values[layer][row, :, :n], values[layer][0], atol=1e-4, rtol=1e-4
             )
         tapped = torch.cat([hidden[i + 1] for i in TAPS], -1)
         kv = draft.context_kv(draft.encode_context(tapped), torch.arange(n)[None])
-        for (k, v), kc, vc in zip(kv, dec._ctx_cache.keys, dec._ctx_cache.values):
-            torch.testing.assert_close(kc[b, :, :n], k[0], atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(vc[b, :, :n], v[0], atol=1e-4, rtol=1e-4)
+        for (k, v), kc, vc in zip(kv, ctx.keys, ctx.values):
+            torch.testing.assert_close(kc[row, :, :n], k[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(vc[row, :, :n], v[0], atol=1e-4, rtol=1e-4)
 
 
 def test_hf_forward_path_matches_fast_path(tiny_target):
@@ -533,9 +544,10 @@ def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
             hs = model(torch.tensor([committed]), output_hidden_states=True).hidden_states
         tapped = torch.cat([hs[i + 1] for i in draft.config.target_layer_ids], -1)
         kv = draft.context_kv(draft.encode_context(tapped), torch.arange(n)[None])
-        for (k, v), kc, vc in zip(kv, dec._ctx_cache.keys, dec._ctx_cache.values):
-            torch.testing.assert_close(kc[b, :, :n], k[0], atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(vc[b, :, :n], v[0], atol=1e-4, rtol=1e-4)
+        _, ctx, row = dec.last_caches[b]
+        for (k, v), kc, vc in zip(kv, ctx.keys, ctx.values):
+            torch.testing.assert_close(kc[row, :, :n], k[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(vc[row, :, :n], v[0], atol=1e-4, rtol=1e-4)
 
 
 def test_real_draft_sampling_runs_and_is_seeded(tiny_target):

@@ -97,6 +97,15 @@ class TargetKVCache:
     def fits(self, batch: int, max_len: int) -> bool:
         return batch == self.batch and max_len <= self.max_len
 
+    def select(self, rows: torch.Tensor) -> TargetKVCache:
+        """A new cache holding only batch rows `rows` (a gather; this cache is unchanged)."""
+        new = object.__new__(TargetKVCache)
+        new.keys = [k.index_select(0, rows) for k in self.keys]
+        new.values = [v.index_select(0, rows) for v in self.values]
+        new.max_len, new.batch, new.kv_len = self.max_len, len(rows), self.kv_len
+        new._writer = _Writer()
+        return new
+
     def prepare(self, positions: torch.Tensor, kv_len: int, start: int | None = None):
         self.kv_len = kv_len
         self._writer.set_positions(positions, start)
@@ -148,6 +157,13 @@ class DraftContextCache:
         for (k, v), kb, vb in zip(kv, self.keys, self.values):
             self._writer.write(kb, k)
             self._writer.write(vb, v)
+
+    def select(self, rows: torch.Tensor) -> DraftContextCache:
+        """A new cache holding only batch rows `rows` (a gather; this cache is unchanged)."""
+        new = DraftContextCache(len(rows), self.max_len)
+        new.keys = [k.index_select(0, rows) for k in self.keys]
+        new.values = [v.index_select(0, rows) for v in self.values]
+        return new
 
     def view(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(self.keys, self.values)]

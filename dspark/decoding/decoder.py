@@ -11,8 +11,9 @@ Per round (see docs/dspark-method.md sections 1 and 3):
    features into the draft context cache at the same positions.
 
 Batching: prompts are right-padded and every row owns its positions (slot = position), so
-requests advance by their own acceptance lengths with no leakage. Finished rows stay in the
-batch (static shapes) with a frozen position and are ignored.
+requests advance by their own acceptance lengths with no leakage. A request that finishes
+(EOS / budget) leaves the batch: its rows are gathered out of the caches once, so later rounds
+cost only what the live requests need (both decoders do this, keeping the comparison fair).
 Host syncs: one small device->host copy per round (accept counts and tokens, needed for
 EOS / budget bookkeeping), plus one more with a confidence threshold (the verify length).
 Verify length per request = min(gamma, threshold prefix, remaining budget - 1); the verify
@@ -74,6 +75,8 @@ class SpeculativeDecoder:
         self.device = next(target.parameters()).device
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
+        self.live_rows: list[int] = []  # request index of each live batch row (introspection)
+        self.last_caches: dict = {}  # request -> (target cache, ctx cache, row) at its end
         if compile:
             self.runner.compile(dynamic=True)
 
@@ -175,11 +178,20 @@ class SpeculativeDecoder:
         done = [
             self._append(out.sequences[b], [first_host[b]], max_new_tokens, eos) for b in range(bsz)
         ]
-        anchor, apos_host = first, list(lens)
-        apos = torch.tensor(apos_host, device=dev)
+        rows, apos_host = list(range(bsz)), list(lens)  # request of each live batch row
+        self.last_caches = {}
+        keep, cache, ctx = self._retire(rows, done, cache, ctx)
+        anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
         slots = torch.arange(cache.max_len, device=dev)
-        while not all(done):
+        while rows:
+            if keep is not None:
+                apos_host = [apos_host[i] for i in keep]
+                rows = [rows[i] for i in keep]
+                if not rows:
+                    break
+            live, self.live_rows = len(rows), rows
+            apos = torch.tensor(apos_host, device=dev)
             ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
             ctx_valid = slots[None, :ctx_len] < apos[:, None]
             prop = propose(
@@ -196,12 +208,9 @@ class SpeculativeDecoder:
                 generator=gen,
             )
             # drafts to verify: threshold (draft-only, so lossless) and the remaining budget
-            cap = [
-                0 if done[b] else min(gamma, max_new_tokens - len(out.sequences[b]) - 1)
-                for b in range(bsz)
-            ]
+            cap = [min(gamma, max_new_tokens - len(out.sequences[b]) - 1) for b in rows]
             if self.confidence_threshold is not None and prop.confidence is not None:
-                vlen = verify_lengths(prop.confidence, self.confidence_threshold, gamma, bsz, dev)
+                vlen = verify_lengths(prop.confidence, self.confidence_threshold, gamma, live, dev)
                 vlen = torch.minimum(vlen, torch.tensor(cap, device=dev))
                 vlen_host = vlen.tolist()
             else:
@@ -223,19 +232,17 @@ class SpeculativeDecoder:
             # the one host sync of the round: accept counts, next tokens, drafts
             host = torch.cat([n_acc[:, None], nxt[:, None], drafts], dim=1).tolist()
             conf = prop.confidence[:, :n_ver].tolist() if prop.confidence is not None else None
-            for b in range(bsz):
-                if done[b]:
-                    continue
-                a, t = host[b][0], host[b][1]
+            for i, b in enumerate(rows):
+                a, t = host[i][0], host[i][1]
                 out.accept_lengths[b].append(a)
-                out.verify_lengths[b].append(vlen_host[b])
-                out.confidences[b].append(conf[b][: vlen_host[b]] if conf is not None else [])
+                out.verify_lengths[b].append(vlen_host[i])
+                out.confidences[b].append(conf[i][: vlen_host[i]] if conf is not None else [])
                 done[b] = self._append(
-                    out.sequences[b], host[b][2 : 2 + a] + [t], max_new_tokens, eos
+                    out.sequences[b], host[i][2 : 2 + a] + [t], max_new_tokens, eos
                 )
-                apos_host[b] += a + 1
-            anchor = nxt
-            apos = torch.tensor(apos_host, device=dev)
+                apos_host[i] += a + 1
+            keep, cache, ctx = self._retire(rows, done, cache, ctx)
+            anchor = nxt[keep] if keep is not None else nxt
         return self._finish(out, t0)
 
     # ----------------------------------------------------------------- baseline
@@ -263,24 +270,49 @@ class SpeculativeDecoder:
         tok, lens, cache, _ = self._prefill(input_ids, max_new_tokens, False, gen)
         host = tok.tolist()
         done = [self._append(out.sequences[b], [host[b]], max_new_tokens, eos) for b in range(bsz)]
-        apos_host = list(lens)
+        rows, apos_host = list(range(bsz)), list(lens)
         rounds = [0] * bsz
-        while not all(done):
+        self.last_caches = {}
+        while True:
+            keep, cache, _ = self._retire(rows, done, cache, None)
+            if keep is not None:
+                tok, apos_host = tok[keep], [apos_host[i] for i in keep]
+                rows = [rows[i] for i in keep]
+            if not rows:
+                break
             pos = torch.tensor(apos_host, device=self.device)[:, None]
             start = apos_host[0] if len(set(apos_host)) == 1 else None
             kv_len = bucket(max(apos_host) + 1, self.kv_bucket, cache.max_len)
             logits, _ = self.runner.forward(tok[:, None], pos, cache, kv_len, start=start)
             tok = self._pick(logits[:, 0], gen)
             host = tok.tolist()
-            for b in range(bsz):
-                if not done[b]:
-                    rounds[b] += 1
-                    done[b] = self._append(out.sequences[b], [host[b]], max_new_tokens, eos)
-                    apos_host[b] += 1
+            for i, b in enumerate(rows):
+                rounds[b] += 1
+                done[b] = self._append(out.sequences[b], [host[i]], max_new_tokens, eos)
+                apos_host[i] += 1
         out.num_rounds = rounds
         return self._finish(out, t0, keep_rounds=True)
 
     # ----------------------------------------------------------------- common
+    def _retire(self, rows: list[int], done: list[bool], cache, ctx):
+        """Drop finished requests from the live batch (one gather of the caches, only when
+        some finished): later rounds then cost what the live requests need.
+
+        Returns `(keep, cache, ctx)`; `keep` (row indices, a list) is None when nobody left.
+        Each finished request's final caches and row stay in `self.last_caches[request]`.
+        """
+        gone = [i for i, b in enumerate(rows) if done[b]]
+        if not gone:
+            return None, cache, ctx
+        for i in gone:
+            self.last_caches[rows[i]] = (cache, ctx, i)
+        keep = [i for i, b in enumerate(rows) if not done[b]]
+        if keep:
+            index = torch.tensor(keep, device=self.device)
+            cache = cache.select(index)
+            ctx = ctx.select(index) if ctx is not None else None
+        return keep, cache, ctx
+
     def _generator(self, seed: int | None):
         if seed is None:
             return None
