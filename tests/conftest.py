@@ -59,6 +59,11 @@ def arch(request):
     return request.param
 
 
+# Tiny models: one thread is faster than two (no fork-join overhead on small matmuls) and is
+# immune to a busy neighbour on a 2-core machine.
+torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

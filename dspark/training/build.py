@@ -44,6 +44,7 @@ def build_draft(cfg, device: torch.device):
             target_name_or_path=cfg.target.name,
         )
         draft = DSparkDraftModel.from_target(target, config)
+    draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)
     return target, tokenizer, draft.to(device)
 
 
