@@ -20,16 +20,6 @@ from torch import nn
 
 from dspark.decoding import SpeculativeDecoder
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on a shared 2-core CPU, two threads make tiny ops ~100x slower."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 TAPS = [0, 2]
 
 

@@ -20,15 +20,6 @@ def test_verify_greedy_prefix_bonus_and_verify_len():
     assert n.tolist() == [0] * 4 and nxt.tolist() == [5] * 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: on a shared 2-core CPU, two threads make tiny ops ~100x slower."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 def chisquare(obs, exp):
     """scipy's chi-square with the expectation rescaled to the observed total (fp32 sums)."""
     from scipy.stats import chisquare as _chisquare

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from helpers import make_draft as _make_draft
 
 from dspark.config import (
     DSparkConfig,
@@ -23,27 +24,13 @@ from dspark.modeling.draft import teacher_forced_prev_tokens
 
 def make_draft(target, tok, **kw):
     kw.setdefault("num_hidden_layers", 2)
-    kw.setdefault("markov_rank", 8)
-    cfg = DSparkConfig.from_target_config(
-        target.config, mask_token_id=choose_mask_token_id(tok, target.config.vocab_size), **kw
-    )
-    torch.manual_seed(0)
-    return DSparkDraftModel.from_target(target, cfg)
+    return _make_draft(target, tok, **kw)
 
 
 def tapped_of(target, ids, layer_ids):
     with torch.no_grad():
         hs = target(ids, output_hidden_states=True).hidden_states
     return torch.cat([hs[i + 1] for i in layer_ids], dim=-1)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one intra-op thread avoids oversubscribing the 2 shared cores (10-50x)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 # ---------------------------------------------------------------------------- config

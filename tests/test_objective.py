@@ -6,33 +6,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import make_draft
 
 from dspark.capture import BatchFeatures, OnlineTargetCapture
-from dspark.config import DSparkConfig, choose_mask_token_id
-from dspark.modeling import DSparkDraftModel
 from dspark.objectives import DFLASH_CONFIG_OVERRIDES, LocalReducer, build_objective
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one intra-op thread avoids oversubscribing the 2 shared cores (10-50x)."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 G = 7
-
-
-def make_draft(target, tok, **kw):
-    kw.setdefault("num_hidden_layers", 1)
-    kw.setdefault("markov_rank", 8)
-    cfg = DSparkConfig.from_target_config(
-        target.config, mask_token_id=choose_mask_token_id(tok, target.config.vocab_size), **kw
-    )
-    torch.manual_seed(0)
-    return DSparkDraftModel.from_target(target, cfg)
 
 
 def make_batch(S=18, seed=0):
