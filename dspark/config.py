@@ -249,10 +249,22 @@ class DSparkConfig(PretrainedConfig):
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict[str, Any]:
+        """The serving layout: the target's config (its `model_type` included, so engines
+        parse it with the target family's config class) plus the DSpark keys; engines route on
+        `architectures`. `DSparkConfig.from_pretrained` reads it back (model_type is not
+        checked there beyond a warning, silenced below)."""
         out = super().to_dict()
+        out["model_type"] = self.target_model_type
         out["architectures"] = [self.serving_architecture()]
         out["tie_word_embeddings"] = False
         return out
+
+    @classmethod
+    def get_config_dict(cls, *args, **kwargs):
+        config_dict, kwargs = super().get_config_dict(*args, **kwargs)
+        if "block_size" in config_dict and "target_layer_ids" in config_dict:
+            config_dict = {**config_dict, "model_type": cls.model_type}  # a DSpark draft
+        return config_dict, kwargs
 
     # ------------------------------------------------------------------ construction
     @classmethod
