@@ -43,7 +43,8 @@ quickstart: setup
 	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no \
 		--dynamo_backend no train/distill.py recipe=quickstart
 	$(PY) eval/benchmark.py draft=runs/quickstart/draft datasets=[embedded] \
-		num_prompts=$(QS_BENCH_PROMPTS) max_new_tokens=96 output_dir=runs/quickstart/benchmark
+		num_prompts=$(QS_BENCH_PROMPTS) max_new_tokens=96 baselines.run=[] \
+		output_dir=runs/quickstart/benchmark
 
 lint: setup
 	$(VENV)/bin/ruff check .
