@@ -162,12 +162,7 @@ class SpeculativeDecoder:
             raise ValueError("generate() needs a draft; use generate_autoregressive()")
         t0 = time.perf_counter()
         bsz = len(input_ids)
-        out = GenerationOutput(
-            [[] for _ in range(bsz)],
-            [[] for _ in range(bsz)],
-            [[] for _ in range(bsz)],
-            [[] for _ in range(bsz)],
-        )
+        out = GenerationOutput.empty(bsz)
         if max_new_tokens <= 0:
             return self._finish(out, t0)
         eos = self._eos_set(eos_token_id)
@@ -257,12 +252,7 @@ class SpeculativeDecoder:
         """Plain decoding, one token per target forward, same forward / cache / masks."""
         t0 = time.perf_counter()
         bsz = len(input_ids)
-        out = GenerationOutput(
-            [[] for _ in range(bsz)],
-            [[] for _ in range(bsz)],
-            [[] for _ in range(bsz)],
-            [[] for _ in range(bsz)],
-        )
+        out = GenerationOutput.empty(bsz)
         if max_new_tokens <= 0:
             return self._finish(out, t0)
         eos = self._eos_set(eos_token_id)

@@ -41,6 +41,11 @@ class GenerationOutput:
     new_tokens: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
 
+    @classmethod
+    def empty(cls, batch: int) -> GenerationOutput:
+        """An output with one empty record per request, filled round by round."""
+        return cls(*([[] for _ in range(batch)] for _ in range(4)))
+
     @property
     def tau(self) -> float:
         """Mean tokens committed per round (accepted drafts + 1), pooled over requests."""
