@@ -60,6 +60,7 @@ def build_objective_for(cfg, target, draft_config):
         l1_weight=o.l1_weight,
         confidence_weight=o.confidence_weight,
         loss_decay_gamma=o.loss_decay_gamma,
+        seed=cfg.trainer.seed,  # anchor sampling; its RNG state is checkpointed
     )
 
 
