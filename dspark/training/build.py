@@ -9,6 +9,15 @@ from torch.utils.data import DataLoader
 
 from dspark.target import load_target
 
+# Text whose target activations calibrate a warm start's q/k norms (any ordinary prose works).
+CALIBRATION_TEXT = (
+    "Speculative decoding lets a small draft model propose several tokens that the large target "
+    "model then verifies in a single forward pass. If the draft is accurate, many tokens are "
+    "accepted at once, and generation becomes faster while the output distribution stays the "
+    "same. Question: a train travels 60 miles in 1.5 hours; what is its average speed? Answer: "
+    "60 / 1.5 = 40 miles per hour."
+)
+
 
 def build_draft(cfg, device: torch.device):
     """The frozen target, its tokenizer, and the draft (fresh from the target, or `init_from`)."""
@@ -44,6 +53,11 @@ def build_draft(cfg, device: torch.device):
             target_name_or_path=cfg.target.name,
         )
         draft = DSparkDraftModel.from_target(target, config)
+        if d.init == "target_layers":
+            from dspark.modeling.warm_start import warm_start_from_target
+
+            calib = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"].to(device)
+            warm_start_from_target(draft, target, d.init_layers, calib)
     draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)
     return target, tokenizer, draft.to(device)
 

@@ -24,6 +24,9 @@ class TargetConfig:
 @dataclass
 class DraftConfig:
     init_from: str | None = None  # an existing draft dir to fine-tune; None builds a fresh one
+    # A fresh draft's init: target_layers copies target decoder layers (modeling/warm_start.py)
+    init: str = "target_layers"
+    init_layers: list[int] | None = None  # target layers to copy; None: the last num_hidden_layers
     num_hidden_layers: int = 5
     block_size: int = 7
     target_layer_ids: list[int] | None = None  # None: spread evenly over 1..N-3
@@ -110,6 +113,7 @@ class DistillConfig:
 
 _CHOICES = {
     ("draft", "markov_head_type"): ("vanilla", "gated", "rnn"),
+    ("draft", "init"): ("random", "target_layers"),
     ("trainer", "mixed_precision"): ("no", "bf16", "fp16"),
     ("trainer", "attention"): ("auto", "sdpa", "flex"),
     ("tracking", "backend"): ("wandb", "none"),
