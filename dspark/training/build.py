@@ -114,7 +114,14 @@ def load_datasets(cfg, tokenizer):
     """Train and held-out splits of a tokenized dataset dir (`input_ids`, `loss_mask`)."""
     from datasets import load_from_disk
 
-    def load(path: str):
+    def load(spec: str):
+        """One tokenized dir, or several joined by commas (concatenated in that order)."""
+        from datasets import concatenate_datasets
+
+        parts = [load_one(p.strip()) for p in str(spec).split(",") if p.strip()]
+        return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+    def load_one(path: str):
         p = Path(path).expanduser()
         if not p.exists():
             raise FileNotFoundError(

@@ -41,7 +41,7 @@ class DraftConfig:
 
 @dataclass
 class DataConfig:
-    train: str = MISSING  # a tokenized dataset dir (data_scripts/regenerate.py --tokenize)
+    train: str = MISSING  # a tokenized dataset dir (regenerate.py --tokenize), or several: a,b,c
     # When `train` does not exist yet and `prompts` is set (embedded | a prompt file), the run
     # first regenerates those prompts with the target and tokenizes them into `train`.
     prompts: str | None = None
