@@ -41,7 +41,8 @@ class DraftConfig:
 
 @dataclass
 class DataConfig:
-    train: str = MISSING  # a tokenized dataset dir (regenerate.py --tokenize), or several: a,b,c
+    # a tokenized dataset dir (regenerate.py --tokenize), or several: a,b (CLI: 'data.train="a,b"')
+    train: str = MISSING
     # When `train` does not exist yet and `prompts` is set (embedded | a prompt file), the run
     # first regenerates those prompts with the target and tokenizes them into `train`.
     prompts: str | None = None
