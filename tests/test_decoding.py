@@ -325,6 +325,7 @@ def test_target_and_context_caches_match_a_rebuild(tiny_target, arch):
     # the oracle picks the tokens; the toy draft's context API fills the context cache
     oracle.encode_context, oracle.context_kv = draft.encode_context, draft.context_kv
     dec = SpeculativeDecoder(model, oracle)
+    dec.keep_final_caches = True  # the test hook
     oracle.decoder = dec
     out = dec.generate(prompts, 13, eos_token_id=eos)
     assert out.sequences == refs
@@ -521,6 +522,7 @@ def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
     draft = _real_draft(model, tok, **kw)
     prompts = prompts_for(model.config.vocab_size, (5, 9), 29)
     dec = SpeculativeDecoder(model, draft, confidence_threshold=0.3 if kw else None)
+    dec.keep_final_caches = True
     out = dec.generate(prompts, 10)
     assert out.sequences == [greedy_reference(model, p, 10) for p in prompts]
     assert all(

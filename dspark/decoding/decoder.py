@@ -76,7 +76,10 @@ class SpeculativeDecoder:
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
         self.live_rows: list[int] = []  # request index of each live batch row (introspection)
-        self.last_caches: dict = {}  # request -> (target cache, ctx cache, row) at its end
+        # Test hook: with keep_final_caches, request -> (target cache, ctx cache, row) at its end.
+        # Off by default: every entry pins a whole batch's caches (GBs at batch 16+).
+        self.keep_final_caches = False
+        self.last_caches: dict = {}
         if compile:
             self.runner.compile(dynamic=True)
 
@@ -289,13 +292,15 @@ class SpeculativeDecoder:
         some finished): later rounds then cost what the live requests need.
 
         Returns `(keep, cache, ctx)`; `keep` (row indices, a list) is None when nobody left.
-        Each finished request's final caches and row stay in `self.last_caches[request]`.
+        With `keep_final_caches`, each finished request's final caches and row stay in
+        `self.last_caches[request]` (a test hook).
         """
         gone = [i for i, b in enumerate(rows) if done[b]]
         if not gone:
             return None, cache, ctx
-        for i in gone:
-            self.last_caches[rows[i]] = (cache, ctx, i)
+        if self.keep_final_caches:
+            for i in gone:
+                self.last_caches[rows[i]] = (cache, ctx, i)
         keep = [i for i, b in enumerate(rows) if not done[b]]
         if keep:
             index = torch.tensor(keep, device=self.device)
