@@ -6,12 +6,13 @@ import threading
 
 import pytest
 
+from dspark.data.decoder_backend import DecoderBackend
+from dspark.data.openai_backend import OpenAIBackend
 from dspark.data.regenerate import (
     FAILURES,
     OUTPUT,
     SUMMARY,
     HFBackend,
-    OpenAIBackend,
     SamplingConfig,
     regenerate,
     row_seed,
@@ -55,10 +56,13 @@ def read(path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-@pytest.fixture
-def backend(tiny_target):
+@pytest.fixture(params=["hf", "decoder"])
+def backend(tiny_target, request):
+    """Both local backends meet the same regeneration contract (turns, resume, seeds)."""
     model, tok = tiny_target("qwen2")
-    return HFBackend(model, tok)
+    if request.param == "hf":
+        return HFBackend(model, tok)
+    return DecoderBackend(model, tok, batch_size=2)
 
 
 class Killed(BaseException):
@@ -140,6 +144,7 @@ def test_row_seed_is_stable():
 
 class FakeServer(http.server.BaseHTTPRequestHandler):
     requests: list = []
+    flaky_seen: set = set()
 
     def log_message(self, *a):
         pass
@@ -148,6 +153,8 @@ class FakeServer(http.server.BaseHTTPRequestHandler):
         body = json.dumps(obj).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        if code == 503:
+            self.send_header("retry-after-ms", "20")  # the openai client honours it
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -164,14 +171,16 @@ class FakeServer(http.server.BaseHTTPRequestHandler):
         last = req["messages"][-1]["content"]
         if "FAIL" in last:
             return self._send(400, {"error": {"message": "prompt refused by policy"}})
+        if "FLAKY" in last and last not in FakeServer.flaky_seen:  # fails once, then works
+            FakeServer.flaky_seen.add(last)
+            return self._send(503, {"error": {"message": "overloaded"}})
         n_prev = sum(m["role"] == "assistant" for m in req["messages"])
         text = f"reply {n_prev} to {last[:12]} seed {req['seed'] % 1000}"
+        msg = {"role": "assistant", "content": text, "reasoning_content": f"think {n_prev}"}
         self._send(
             200,
             {
-                "choices": [
-                    {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                ],
+                "choices": [{"message": msg, "finish_reason": "stop"}],
                 "usage": {"completion_tokens": len(text.split())},
             },
         )
@@ -179,7 +188,7 @@ class FakeServer(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    FakeServer.requests = []
+    FakeServer.requests, FakeServer.flaky_seen = [], set()
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
@@ -206,6 +215,8 @@ def test_openai_server_path(server, tmp_path):
     assert turn2["messages"][1] == first[1]
     assert turn2["seed"] == row_seed(SAMPLED.seed, 0, 1) and turn2["top_k"] == 50
     assert turn2["model"] == "fake-model" and turn2["max_tokens"] == SAMPLED.max_new_tokens
+    assert "chat_template_kwargs" not in turn2
+    assert all("reasoning_content" not in m for r in rows for m in r["messages"])
     fails = read(tmp_path / FAILURES)
     assert fails == [{"index": 2, "turn": 1, "reason": fails[0]["reason"]}]
     assert "HTTP 400" in fails[0]["reason"] and "refused by policy" in fails[0]["reason"]
@@ -214,6 +225,26 @@ def test_openai_server_path(server, tmp_path):
     again = regenerate(ps, backend, tmp_path, sampling=SAMPLED, progress=False, log=None)
     assert again["rows_skipped"] == 2 and again["rows_failed"] == 1
     assert len(read(tmp_path / OUTPUT)) == 2
+
+
+def test_openai_server_retries_extra_body_and_reasoning(server, tmp_path):
+    ps = normalize_rows([{"turns": ["be FLAKY", "again"]}, {"turns": ["calm"]}])
+    backend = OpenAIBackend(
+        server,
+        retries=2,
+        chat_template_kwargs={"enable_thinking": False},
+        keep_reasoning=True,
+    )
+    stats = regenerate(ps, backend, tmp_path, sampling=SAMPLED, progress=False, log=None)
+    assert stats["rows_done"] == 2 and stats["rows_failed"] == 0
+    flaky = [r for r in FakeServer.requests if r["messages"][-1]["content"] == "be FLAKY"]
+    assert len(flaky) == 2  # a 503, then the retry answered
+    assert all(r["chat_template_kwargs"] == {"enable_thinking": False} for r in flaky)
+    first = read(tmp_path / OUTPUT)[0]["messages"]
+    assert [m.get("reasoning_content") for m in first] == [None, "think 0", None, "think 1"]
+    no_retry = OpenAIBackend(server, retries=0)
+    rep = no_retry.generate([[{"role": "user", "content": "FLAKY twice"}]], [1], SAMPLED)[0]
+    assert isinstance(rep, Exception) and "HTTP 503" in str(rep)
 
 
 def test_cli_end_to_end_with_tokenize(tmp_path, tiny_target_dir):

@@ -5,7 +5,8 @@ Public API (what the training loop and scripts use):
   and the per-row report of rejected rows), `normalize_row(row) -> messages`.
 - `embedded_prompts(split="train"|"test") -> [{"messages": [...]}]`.
 - `regenerate(prompts, backend, output_dir, sampling=SamplingConfig(...), batch_size=8)`
-  with `HFBackend(model, tokenizer)` or `OpenAIBackend(url)`.
+  with `DecoderBackend(model, tokenizer, batch_size=32)` (fast, the default of the CLI),
+  `HFBackend(model, tokenizer)` (the fallback) or `OpenAIBackend(url)` (vLLM / SGLang).
 - `assistant_mask(tokenizer, messages) -> (input_ids, loss_mask, method)`,
   `check_loss_masks(tokenizer, rows)`, `tokenize_rows(...)`, `save_tokenized(...)`.
 - `PadCollator(pad_token_id)` (in `dspark.data.collate`).
@@ -27,7 +28,8 @@ _EXPORTS = {
     "regenerate": "regenerate",
     "SamplingConfig": "regenerate",
     "HFBackend": "regenerate",
-    "OpenAIBackend": "regenerate",
+    "OpenAIBackend": "openai_backend",
+    "DecoderBackend": "decoder_backend",
     "row_seed": "regenerate",
     "assistant_mask": "masks",
     "check_loss_masks": "masks",

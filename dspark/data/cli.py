@@ -50,7 +50,28 @@ def regenerate_main(argv=None) -> int:
     p.add_argument("--config-name", default=None, help="hub dataset config name")
     p.add_argument("--output", required=True, help="output directory")
     p.add_argument("--limit", type=int, default=None, help="use the first N source rows")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--backend",
+        default="decoder",
+        choices=("decoder", "hf"),
+        help="decoder: dspark's static-cache batched decoder, rows grouped by prompt length "
+        "(fast); hf: batched HF generate (the fallback). --server overrides both",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows decoded together (default: 32 for the decoder backend, 8 for hf) or "
+        "concurrent requests to --server (default 8)",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=int,
+        default=None,
+        help="rows handed to the backend at once and written together when done; the decoder "
+        "sorts them by prompt length into batches (default: 4 x batch size for the decoder, "
+        "the batch size otherwise)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -74,6 +95,16 @@ def regenerate_main(argv=None) -> int:
         help="URL of an OpenAI-compatible server (vLLM/SGLang), e.g. http://127.0.0.1:8000",
     )
     p.add_argument("--server-model", default=None, help="model name on the server")
+    p.add_argument("--server-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument(
+        "--server-retries", type=int, default=2, help="retries per request (429 / 5xx / network)"
+    )
+    p.add_argument(
+        "--keep-reasoning",
+        action="store_true",
+        help="keep the server's reasoning_content (vLLM/SGLang reasoning parsers) as the "
+        "assistant message's `reasoning_content` field",
+    )
     p.add_argument(
         "--chat-template-kwargs",
         type=_json_arg,
@@ -89,7 +120,7 @@ def regenerate_main(argv=None) -> int:
 
     import torch
 
-    from dspark.data.regenerate import HFBackend, OpenAIBackend, SamplingConfig, regenerate
+    from dspark.data.regenerate import SamplingConfig, regenerate
     from dspark.data.sources import load_prompts
 
     if a.num_threads:
@@ -111,12 +142,22 @@ def regenerate_main(argv=None) -> int:
         seed=a.seed,
     )
     tokenizer = None
+    backend_name = "server" if a.server else a.backend
+    batch = a.batch_size or (32 if backend_name == "decoder" else 8)
+    chunk = a.chunk_rows or (4 * batch if backend_name == "decoder" else batch)
+    if batch < 1 or chunk < 1:
+        p.error("--batch-size and --chunk-rows must be >= 1")
     if a.server:
+        from dspark.data.openai_backend import OpenAIBackend
+
         backend = OpenAIBackend(
             a.server,
             model=a.server_model,
+            timeout=a.server_timeout,
+            retries=a.server_retries,
             chat_template_kwargs=a.chat_template_kwargs,
-            max_workers=a.batch_size,
+            max_workers=batch,
+            keep_reasoning=a.keep_reasoning,
         )
         generator = f"server:{a.server}#{backend.model}"
     else:
@@ -125,20 +166,23 @@ def regenerate_main(argv=None) -> int:
         device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = a.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
         model, tokenizer = load_target(a.target, dtype=dtype, device=device)
-        backend = HFBackend(model, tokenizer, chat_template_kwargs=a.chat_template_kwargs)
-        generator = f"hf:{a.target}"
+        backend = make_local_backend(
+            a.backend, model, tokenizer, a.chat_template_kwargs, batch_size=batch
+        )
+        generator = f"{a.backend}:{a.target}"
     settings = {
         "target": a.target,
         "generator": generator,
         "split": a.split,
         "chat_template_kwargs": a.chat_template_kwargs or {},
+        **({"keep_reasoning": True} if a.keep_reasoning else {}),  # absent = old runs resume
     }
     regenerate(
         prompts,
         backend,
         a.output,
         sampling=sampling,
-        batch_size=a.batch_size,
+        batch_size=chunk,
         settings=settings,
         progress=not a.no_progress,
     )
@@ -156,6 +200,19 @@ def regenerate_main(argv=None) -> int:
         )
         _print_tokenized(stats, Path(a.output) / "tokenized")
     return 0
+
+
+def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, batch_size=32):
+    """`decoder` (dspark's static-cache batched decoder) or `hf` (batched HF generate)."""
+    if name == "decoder":
+        from dspark.data.decoder_backend import DecoderBackend
+
+        return DecoderBackend(model, tokenizer, chat_template_kwargs, batch_size=batch_size)
+    if name == "hf":
+        from dspark.data.regenerate import HFBackend
+
+        return HFBackend(model, tokenizer, chat_template_kwargs=chat_template_kwargs)
+    raise ValueError(f"unknown regeneration backend {name!r}; use decoder or hf")
 
 
 def _print_tokenized(stats, where):

@@ -1,8 +1,11 @@
 """Regenerate every assistant turn with the target itself (on-policy data).
 
 Multi-turn prompts are answered turn by turn: the target's own earlier answers are fed back
-as the history. Two backends: batched HF `generate` (CPU or GPU, left padding, the chat
-template with `add_generation_prompt`) and any OpenAI-compatible server (vLLM, SGLang) by URL.
+as the history. Backends (`generate(convs, seeds, sampling) -> [Reply | exception]`):
+`DecoderBackend` (decoder_backend.py, the default: dspark's static-cache batched decoder, rows
+grouped by prompt length), `HFBackend` (here: batched HF `generate`, left padding, the
+fallback) and `OpenAIBackend` (openai_backend.py: any OpenAI-compatible server, vLLM/SGLang).
+All render prompts with the chat template and `add_generation_prompt`.
 
 Resumable: `regenerated.jsonl` is appended row by row with the source row `index`; a rerun
 skips indices already there (a half-written last line from a kill is cut off first), so kill
@@ -10,7 +13,8 @@ and rerun gives no duplicated and no lost rows. Sampling is per row: each row's 
 is seeded from `(seed, row index, turn)`, and batches are the fixed groups of `batch_size`
 consecutive rows of the prompt list, so a resumed run equals an uninterrupted one (with the
 same batch size; a different batch composition changes padding, which can flip near-ties in
-floating point).
+floating point). `batch_size` here is the rows handed to the backend per call (a chunk, written
+when it is done); `DecoderBackend` decodes a chunk in length-sorted groups of its own size.
 
 Files in the output directory: `regenerated.jsonl`, `failures.jsonl` (one line per failed
 attempt with its reason; failed rows are retried by the next run), `rejected.jsonl` (input
@@ -25,9 +29,6 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,6 +55,7 @@ class Reply:
     text: str
     tokens: int
     finish_reason: str  # "stop" | "length"
+    reasoning: str | None = None  # a server's reasoning_content, kept on request
 
 
 class GenerationFailed(RuntimeError):
@@ -97,18 +99,42 @@ class _RowSampler:
         return out
 
 
+def stop_token_ids(tokenizer, chat_template_kwargs=None) -> list[int]:
+    """The ids that end an answer: the chat template's end-of-turn marker(s) and EOS."""
+    from dspark.data.masks import end_of_turn_ids
+
+    stop = set(end_of_turn_ids(tokenizer, chat_template_kwargs or {}))
+    if tokenizer.eos_token_id is not None:
+        stop.add(tokenizer.eos_token_id)
+    return sorted(stop)
+
+
+def prompt_texts(tokenizer, convs, chat_template_kwargs=None) -> list[str]:
+    """Each conversation rendered by the chat template, ready for the assistant's answer."""
+    kw = chat_template_kwargs or {}
+    return [
+        tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **kw)
+        for c in convs
+    ]
+
+
+def reply_from_tokens(tokenizer, tokens: list[int], stop_ids) -> Reply:
+    """A `Reply` from generated ids: cut at the first stop id (counted, not decoded)."""
+    cut = next((j for j, t in enumerate(tokens) if t in stop_ids), None)
+    body = tokens if cut is None else tokens[:cut]
+    text = tokenizer.decode(body, skip_special_tokens=True)
+    return Reply(text, len(body) + (cut is not None), "length" if cut is None else "stop")
+
+
 class HFBackend:
     """Batched `model.generate` with left padding and the target's chat template."""
 
-    def __init__(self, model, tokenizer, chat_template_kwargs=None):
-        from dspark.data.masks import end_of_turn_ids
+    name = "hf"
 
+    def __init__(self, model, tokenizer, chat_template_kwargs=None):
         self.model, self.tok = model, tokenizer
         self.kw = chat_template_kwargs or {}
-        stop = set(end_of_turn_ids(tokenizer, self.kw))
-        if tokenizer.eos_token_id is not None:
-            stop.add(tokenizer.eos_token_id)
-        self.stop_ids = sorted(stop)
+        self.stop_ids = stop_token_ids(tokenizer, self.kw)
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         )
@@ -121,10 +147,7 @@ class HFBackend:
     def generate(self, convs, seeds, sampling: SamplingConfig):
         from transformers import GenerationConfig, LogitsProcessorList
 
-        texts = [
-            self.tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **self.kw)
-            for c in convs
-        ]
+        texts = prompt_texts(self.tok, convs, self.kw)
         side = self.tok.padding_side
         self.tok.padding_side = "left"
         try:
@@ -143,103 +166,8 @@ class HFBackend:
             procs.append(_RowSampler(seeds, sampling, self.device))
         out = self.model.generate(**enc, generation_config=cfg, logits_processor=procs)
         new = out[:, enc["input_ids"].shape[1] :].tolist()
-        replies = []
         stop = set(self.stop_ids)
-        for row in new:
-            cut = next((j for j, t in enumerate(row) if t in stop), None)
-            body = row if cut is None else row[:cut]
-            text = self.tok.decode(body, skip_special_tokens=True)
-            replies.append(
-                Reply(text, len(body) + (cut is not None), "length" if cut is None else "stop")
-            )
-        return replies
-
-
-class OpenAIBackend:
-    """Any OpenAI-compatible server (vLLM, SGLang, ...): `POST {url}/v1/chat/completions`.
-
-    Requests of a batch run concurrently; each gets `seed = row_seed(...)`, so a server that
-    honours `seed` reproduces rows on a rerun. `top_k` is sent when set (vLLM/SGLang accept it).
-    """
-
-    def __init__(
-        self,
-        url: str,
-        model: str | None = None,
-        api_key: str | None = None,
-        timeout: float = 600.0,
-        retries: int = 2,
-        chat_template_kwargs=None,
-        max_workers: int = 8,
-    ):
-        base = url.rstrip("/")
-        self.base = base[:-3] if base.endswith("/v1") else base
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        self.timeout, self.retries = timeout, retries
-        self.kw = chat_template_kwargs or {}
-        self.max_workers = max_workers
-        self.model = model or self._first_model()
-
-    def _request(self, path: str, payload: dict | None = None) -> dict:
-        data = None if payload is None else json.dumps(payload).encode("utf-8")
-        req = urllib.request.Request(self.base + path, data=data, method="POST" if data else "GET")
-        req.add_header("Content-Type", "application/json")
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            return json.loads(resp.read().decode("utf-8"))
-
-    def _first_model(self) -> str:
-        try:
-            models = self._request("/v1/models")["data"]
-            return models[0]["id"]
-        except Exception as e:
-            raise GenerationFailed(
-                f"cannot list models at {self.base}/v1/models ({e}); pass --server-model"
-            ) from e
-
-    def _one(self, conv, seed, s: SamplingConfig):
-        payload = {
-            "model": self.model,
-            "messages": conv,
-            "max_tokens": s.max_new_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "seed": seed,
-            "n": 1,
-        }
-        if s.top_k and s.top_k > 0:
-            payload["top_k"] = s.top_k
-        if self.kw:
-            payload["chat_template_kwargs"] = self.kw
-        last = None
-        for attempt in range(self.retries + 1):
-            try:
-                resp = self._request("/v1/chat/completions", payload)
-                choice = resp["choices"][0]
-                text = choice["message"]["content"]
-                if not isinstance(text, str):
-                    raise GenerationFailed(f"server returned no text content: {choice!r:.200}")
-                tokens = (resp.get("usage") or {}).get("completion_tokens") or 0
-                finish = "length" if choice.get("finish_reason") == "length" else "stop"
-                return Reply(text, int(tokens), finish)
-            except urllib.error.HTTPError as e:
-                body = e.read().decode("utf-8", "replace")[:300]
-                last = GenerationFailed(f"HTTP {e.code} from server: {body}")
-                if e.code < 500 and e.code != 429:
-                    break
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last = GenerationFailed(f"server unreachable: {e}")
-            except (KeyError, IndexError, ValueError, GenerationFailed) as e:
-                last = GenerationFailed(f"bad server response: {e}")
-                break
-            time.sleep(min(2.0**attempt, 10.0))
-        return last
-
-    def generate(self, convs, seeds, sampling: SamplingConfig):
-        workers = max(1, min(self.max_workers, len(convs)))
-        with ThreadPoolExecutor(workers) as pool:
-            return list(pool.map(lambda a: self._one(a[0], a[1], sampling), zip(convs, seeds)))
+        return [reply_from_tokens(self.tok, row, stop) for row in new]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +343,10 @@ def _answer_batch(batch, backend, sampling):
                     f"finish={rep.finish_reason})",
                 )
             else:
-                s["history"] = conv + [{"role": "assistant", "content": rep.text}]
+                answer = {"role": "assistant", "content": rep.text}
+                if rep.reasoning:
+                    answer["reasoning_content"] = rep.reasoning
+                s["history"] = conv + [answer]
                 s["finish"].append(rep.finish_reason)
                 s["tokens"] += rep.tokens
         turn += 1

@@ -34,7 +34,7 @@ import torch
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
 from dspark.decoding.draft_step import propose, verify_lengths
 from dspark.decoding.output import GenerationOutput
-from dspark.decoding.sampling import sample, warp
+from dspark.decoding.sampling import sample, sample_per_row, warp
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import verify_greedy, verify_sampled
 
@@ -89,9 +89,14 @@ class SpeculativeDecoder:
         return self.temperature <= 0
 
     def _pick(self, logits: torch.Tensor, generator) -> torch.Tensor:
+        """Greedy, or one warped sample per row; `generator` may be one generator for the
+        batch or a list with one per row (`sample_per_row`)."""
         if self.greedy:
             return logits.argmax(-1)
-        return sample(warp(logits, self.temperature, self.top_k, self.top_p), generator)
+        probs = warp(logits, self.temperature, self.top_k, self.top_p)
+        if isinstance(generator, list):
+            return sample_per_row(probs, generator)
+        return sample(probs, generator)
 
     def _caches(self, batch: int, max_len: int, with_ctx: bool):
         if max_len > self.max_length:
@@ -251,15 +256,22 @@ class SpeculativeDecoder:
         max_new_tokens: int,
         eos_token_id: int | list[int] | None = None,
         seed: int | None = None,
+        generators: list[torch.Generator] | None = None,
     ) -> GenerationOutput:
-        """Plain decoding, one token per target forward, same forward / cache / masks."""
+        """Plain decoding, one token per target forward, same forward / cache / masks.
+
+        `generators` (one per request, instead of `seed`): request b samples from
+        `generators[b]` alone, so its tokens do not depend on its batch neighbours.
+        """
         t0 = time.perf_counter()
         bsz = len(input_ids)
         out = GenerationOutput.empty(bsz)
         if max_new_tokens <= 0:
             return self._finish(out, t0)
         eos = self._eos_set(eos_token_id)
-        gen = self._generator(seed)
+        if generators is not None and len(generators) != bsz:
+            raise ValueError(f"{len(generators)} generators for {bsz} requests; pass one each")
+        gen = list(generators) if generators is not None else self._generator(seed)
         tok, lens, cache, _ = self._prefill(input_ids, max_new_tokens, False, gen)
         host = tok.tolist()
         done = [self._append(out.sequences[b], [host[b]], max_new_tokens, eos) for b in range(bsz)]
@@ -271,6 +283,8 @@ class SpeculativeDecoder:
             if keep is not None:
                 tok, apos_host = tok[keep], [apos_host[i] for i in keep]
                 rows = [rows[i] for i in keep]
+                if isinstance(gen, list):
+                    gen = [gen[i] for i in keep]
             if not rows:
                 break
             pos = torch.tensor(apos_host, device=self.device)[:, None]

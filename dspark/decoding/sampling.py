@@ -31,5 +31,14 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return torch.argmax(probs / race, dim=-1)
 
 
+def sample_per_row(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """Like `sample` for `probs [B, V]`, but row b draws its race from `generators[b]` alone,
+    so a row's sample depends on its own stream, never on its batch neighbours."""
+    race = torch.empty_like(probs)
+    for row, g in zip(race, generators):
+        row.exponential_(1.0, generator=g)
+    return torch.argmax(probs / race, dim=-1)
+
+
 def uniform(shape, device, generator: torch.Generator | None = None) -> torch.Tensor:
     return torch.rand(shape, device=device, generator=generator)

@@ -1,0 +1,116 @@
+"""`DecoderBackend`: regeneration on dspark's own static-cache batched decoder (its AR path).
+
+Why not HF `generate`: the decoder keeps a preallocated, position-indexed KV cache (right
+padding, slot = position, no per-step concatenation) and drops finished rows from the batch,
+so large batches (32-64 rows) pay only for live rows. Rows are sorted by prompt length and
+decoded in groups of `batch_size`, so a group's rows have similar lengths and little padding.
+
+Greedy answers equal HF `generate` token for token (tests compare them on the tiny targets and
+SmolLM2). At T > 0 each row samples from its own `torch.Generator` seeded with its
+`row_seed(seed, index, turn)`, so its answer depends on its own seed only, not on which rows
+share its group or where it sits in it. The random stream differs from `HFBackend`'s (an
+exponential race instead of `torch.multinomial`), so sampled answers differ between the two
+backends; both draw from the same warped distribution (temperature, top-k, top-p).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.data.regenerate import (
+    GenerationFailed,
+    Reply,
+    SamplingConfig,
+    prompt_texts,
+    reply_from_tokens,
+    stop_token_ids,
+)
+
+
+class DecoderBackend:
+    """Answer chat prompts with `SpeculativeDecoder.generate_autoregressive`.
+
+    `generate(convs, seeds, sampling)` returns one `Reply` per conversation, or a
+    `GenerationFailed` for a conversation that cannot be answered (prompt too long), so one bad
+    row never fails its neighbours.
+    """
+
+    name = "decoder"
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        chat_template_kwargs: dict | None = None,
+        batch_size: int = 32,
+        max_length: int | None = None,
+    ):
+        from dspark.decoding import SpeculativeDecoder
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.tok = model, tokenizer
+        self.kw = chat_template_kwargs or {}
+        self.stop_ids = stop_token_ids(tokenizer, self.kw)
+        self.batch_size = batch_size
+        self.max_length = max_length or int(
+            getattr(model.config, "max_position_embeddings", None) or 4096
+        )
+        self.decoder = SpeculativeDecoder(model, None, max_length=self.max_length)
+
+    @property
+    def device(self):
+        return self.decoder.device
+
+    def encode(self, convs) -> list[list[int]]:
+        """Prompt ids exactly as `HFBackend` feeds them (template text, no added specials)."""
+        texts = prompt_texts(self.tok, convs, self.kw)
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+    def generate(self, convs, seeds, sampling: SamplingConfig) -> list[Reply | GenerationFailed]:
+        stop = set(self.stop_ids)
+        outs = self.generate_ids(self.encode(convs), seeds, sampling)
+        return [
+            o if isinstance(o, GenerationFailed) else reply_from_tokens(self.tok, o, stop)
+            for o in outs
+        ]
+
+    def generate_ids(
+        self, ids: list[list[int]], seeds, sampling: SamplingConfig
+    ) -> list[list[int] | GenerationFailed]:
+        """Generated ids per prompt (a final stop id included), in the order of `ids`."""
+        spare = sampling.max_new_tokens + 2  # the decoder's cache needs 2 spare slots
+        results: list[list[int] | GenerationFailed | None] = [None] * len(ids)
+        ok = []
+        for i, p in enumerate(ids):
+            if not p:
+                results[i] = GenerationFailed("the chat template rendered an empty prompt")
+            elif len(p) + spare > self.max_length:
+                results[i] = GenerationFailed(
+                    f"prompt of {len(p)} tokens + max_new_tokens {sampling.max_new_tokens} "
+                    f"exceeds the target's length limit {self.max_length}; lower "
+                    "--max-new-tokens or drop the row"
+                )
+            else:
+                ok.append(i)
+        dec = self.decoder
+        dec.temperature = float(sampling.temperature)
+        dec.top_k, dec.top_p = int(sampling.top_k), float(sampling.top_p)
+        # shortest first (ties by position): a group's rows have similar lengths, little padding
+        order = sorted(ok, key=lambda i: (len(ids[i]), i))
+        for start in range(0, len(order), self.batch_size):
+            group = order[start : start + self.batch_size]
+            gens = None
+            if sampling.temperature > 0:
+                gens = [
+                    torch.Generator(device=self.device).manual_seed(int(seeds[i])) for i in group
+                ]
+            out = dec.generate_autoregressive(
+                [ids[i] for i in group],
+                sampling.max_new_tokens,
+                eos_token_id=self.stop_ids,
+                generators=gens,
+            )
+            for i, seq in zip(group, out.sequences):
+                results[i] = seq
+        return results
