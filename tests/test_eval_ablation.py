@@ -20,7 +20,13 @@ def test_ablation_table_over_two_runs(tmp_path, debug_data):  # noqa: F811
     from dspark.target import load_target
     from dspark.training.loop import run
 
-    for name, extra in (("vanilla", []), ("dflash", ["draft=dflash"])):
+    # explicit keys: a recipe's draft.* values win over a `draft=` group choice
+    dflash = [
+        "draft.markov_rank=0",
+        "draft.enable_confidence_head=false",
+        "draft.confidence_head_with_markov=false",
+    ]
+    for name, extra in (("vanilla", []), ("dflash", dflash)):
         run(
             debug_cfg(
                 tmp_path / name, debug_data, "trainer.max_steps=2", "trainer.eval_every=0", *extra
@@ -53,6 +59,7 @@ def test_ablation_table_over_two_runs(tmp_path, debug_data):  # noqa: F811
     res = json.loads((tmp_path / "table/ablation.json").read_text())
     assert [r["run"] for r in res["rows"]] == [str(tmp_path / "vanilla"), str(tmp_path / "dflash")]
     row = res["rows"][1]
+    assert json.loads((tmp_path / "dflash/draft/config.json").read_text())["markov_rank"] == 0
     assert "eval/tau_probabilistic" in row["train"]
     # decoder tau == a direct decoder run on the same prompts
     draft = DSparkDraftModel.from_pretrained(tmp_path / "dflash" / "draft").eval()
