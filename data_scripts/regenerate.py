@@ -1,9 +1,12 @@
 """Regenerate assistant turns with the target (on-policy data), optionally tokenize them.
 
     python data_scripts/regenerate.py --target embedded --input embedded --split train \
-        --output data/embedded-train --batch-size 8 --max-new-tokens 256 --tokenize
+        --output data/embedded-train --max-new-tokens 256 --tokenize
 
-Rerun the same command to resume after a kill. See dspark/data/regenerate.py.
+Backends: `--backend decoder` (default; dspark's static-cache decoder, `--batch-size` rows
+per batch, 32, grouped by prompt length), `--backend hf` (HF generate, the fallback),
+`--server URL` (vLLM / SGLang via the openai client). Rerun the same command to resume after
+a kill. See dspark/data/regenerate.py.
 """
 
 import sys

@@ -137,6 +137,42 @@ def test_rerun_with_other_settings_is_refused(backend, tmp_path):
         regenerate(ps, backend, tmp_path, sampling=SamplingConfig(), progress=False, log=None)
 
 
+def test_greedy_resume_may_switch_local_backend_but_sampled_may_not(tiny_target, tmp_path):
+    model, tok = tiny_target("qwen2")
+    ps = normalize_rows(PROMPTS)
+    kw = dict(progress=False, log=None, batch_size=4)
+    g = SamplingConfig(max_new_tokens=5)
+    hf, dec = HFBackend(model, tok), DecoderBackend(model, tok, batch_size=4)
+    regenerate(
+        normalize_rows(PROMPTS[:4]),
+        hf,
+        tmp_path / "g",
+        sampling=g,
+        **kw,
+        settings={"generator": "hf:tiny-qwen2"},
+    )
+    stats = regenerate(
+        ps, dec, tmp_path / "g", sampling=g, **kw, settings={"generator": "decoder:tiny-qwen2"}
+    )
+    assert stats["rows_skipped"] == 4 and stats["rows_done"] == len(PROMPTS) - 4
+    regenerate(
+        ps, hf, tmp_path / "s", sampling=SAMPLED, **kw, settings={"generator": "hf:tiny-qwen2"}
+    )
+    with pytest.raises(ValueError, match="generator"):
+        regenerate(
+            ps,
+            dec,
+            tmp_path / "s",
+            sampling=SAMPLED,
+            **kw,
+            settings={"generator": "decoder:tiny-qwen2"},
+        )
+    with pytest.raises(ValueError, match="generator"):  # another target never matches
+        regenerate(
+            ps, dec, tmp_path / "g", sampling=g, **kw, settings={"generator": "decoder:tiny-llama"}
+        )
+
+
 def test_row_seed_is_stable():
     assert row_seed(0, 5, 1) == row_seed(0, 5, 1) != row_seed(0, 6, 1) != row_seed(1, 5, 1)
     assert row_seed(0, 0, 0) == 8387133978117270309  # same on every machine

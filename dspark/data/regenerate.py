@@ -198,11 +198,26 @@ def _repair_and_read(path: Path) -> set[int]:
     return done
 
 
+LOCAL_BACKENDS = ("hf", "decoder")
+
+
+def _comparable(settings: dict) -> dict:
+    """Settings as a resume compares them: at T = 0 the local backends are interchangeable
+    (their greedy answers are equal token for token), so `hf:X` and `decoder:X` match."""
+    s = dict(settings)
+    name, _, rest = str(s.get("generator", "")).partition(":")
+    greedy = (s.get("sampling") or {}).get("temperature", 0) <= 0
+    if greedy and name in LOCAL_BACKENDS and rest:
+        s["generator"] = f"local:{rest}"
+    return s
+
+
 def _check_run(out: Path, settings: dict) -> None:
     run = out / RUN
     if run.exists():
         old = json.loads(run.read_text())
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        new, cmp_old = _comparable(settings), _comparable(old)
+        diff = {k: (old.get(k), v) for k, v in settings.items() if cmp_old.get(k) != new[k]}
         if diff:
             raise ValueError(
                 f"{out} holds a regeneration run with other settings {diff} (old, new); "
