@@ -14,9 +14,10 @@ from dspark.data.collate import PadCollator
 from dspark.data.feature_dataset import ROW_COLUMN, CachedFeatureDataset, FeatureCache
 from dspark.objectives import DSparkObjective
 
-# bf16 keeps 8 significand bits (relative rounding <= 2^-9 per feature); on the tiny targets
-# the loss moves by < 0.3% from it (measured worst case ~0.1%), fp32 caches match to 1e-5.
-BF16_LOSS_RTOL = 5e-3
+# The stated tolerance of a bf16 cache: bf16 keeps 8 significand bits (<= 2^-9 relative
+# rounding per feature); on the tiny targets the losses move by at most ~6e-5 relative
+# (measured over 24 rows x 3 archs), so 1e-3 leaves margin. fp32 caches match to 1e-5.
+BF16_LOSS_RTOL = 1e-3
 FP32_LOSS_RTOL = 1e-5
 
 
@@ -105,6 +106,7 @@ def test_cached_features_give_the_online_losses(arch, tiny_sets):
     assert FeatureCache(caches["fp32"]).manifest["num_shards"] > 2  # resume test needs several
     by_name = {name: cached_batches(data, path, tok.pad_token_id) for name, path in caches.items()}
     capture = OnlineTargetCapture(target, draft.config.target_layer_ids)
+    assert by_name["bf16"][0]["tapped"].dtype == torch.bfloat16  # stored and served as bf16
     for b, batch in enumerate(by_name["fp32"]):
         # Writer batches (3 rows, other padding) differ from these (4 rows): features still agree.
         ref = capture(batch)
@@ -263,3 +265,76 @@ def test_estimate_from_a_config_alone_qwen3_8b(capsys):
     est = json.loads(out[out.index("{") :])
     assert est["layer_ids"] == [1, 9, 17, 25, 33]
     assert est["bytes_per_token_all_positions"] == 6 * 4096 * 2 + 4  # 49,156 B/token in bf16
+
+
+def run_cfg(out, data_dir, *overrides):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from dspark.training.schema import check, register_configs
+
+    GlobalHydra.instance().clear()
+    register_configs()
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(str(conf), version_base=None):
+        cfg = compose(
+            "config",
+            overrides=[
+                "recipe=debug",
+                f"trainer.output_dir={out}",
+                f"data.train={data_dir}",
+                *overrides,
+            ],
+        )
+    check(cfg)
+    return cfg
+
+
+def test_training_on_a_cache_runs_no_target_forward_and_matches_online(
+    tmp_path, tiny_sets, monkeypatch
+):
+    from dspark.training import loop
+
+    target, tok, data, caches = tiny_sets("qwen3")  # the debug recipe's target
+    _, _, llama_data, llama_caches = tiny_sets("llama")
+    common = (
+        "trainer.max_steps=4",
+        "trainer.log_every=1",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+        "data.eval_fraction=0.2",
+    )
+    online = loop.run(run_cfg(tmp_path / "online", data, *common))
+
+    def no_forward(self, batch):
+        raise AssertionError("the target ran although data.features is set")
+
+    monkeypatch.setattr(OnlineTargetCapture, "__call__", no_forward)
+    cached = loop.run(
+        run_cfg(tmp_path / "cached", data, *common, f"data.features={caches['fp32']}")
+    )
+    assert cached["conditions"]["features"] == str(caches["fp32"])
+
+    def losses(out):
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+    want, got = losses(tmp_path / "online"), losses(tmp_path / "cached")
+    assert sorted(got) == [1, 2, 3, 4]
+    for s in want:
+        assert got[s] == pytest.approx(want[s], rel=1e-4), (s, got, want)
+    assert cached["final_eval"]["eval/loss"] == pytest.approx(
+        online["final_eval"]["eval/loss"], rel=1e-4
+    )
+
+    # A cache of another target's features is refused before any training.
+    with pytest.raises(fc.FeatureCacheError, match="made for target 'tiny-llama'"):
+        loop.run(run_cfg(tmp_path / "wrong", llama_data, f"data.features={llama_caches['bf16']}"))
+
+
+def test_run_config_checks_the_feature_keys(tmp_path):
+    with pytest.raises(ValueError, match="data.eval_features to a cache of data.eval"):
+        run_cfg(tmp_path, "d", "data.features=f", "data.eval=e")
+    with pytest.raises(ValueError, match="data.eval_features is the feature cache of data.eval"):
+        run_cfg(tmp_path, "d", "data.eval_features=f")
+    run_cfg(tmp_path, "d", "data.features=f", "data.eval=e", "data.eval_features=g")

@@ -58,9 +58,15 @@ class FeatureCacheError(ValueError):
 
 # ---------------------------------------------------------------------------- identities
 def dataset_hash(data_dir: str | os.PathLike) -> str:
-    """SHA-256 of a `save_to_disk` dataset's arrow files (names and bytes, sorted by name)."""
+    """SHA-256 of a `save_to_disk` dataset's data files (names and bytes, in `state.json`
+    order). Not every `*.arrow`: `datasets` writes `cache-*.arrow` files beside them when a
+    run splits or selects rows."""
     root = Path(data_dir).expanduser()
-    files = sorted(root.glob("*.arrow"))
+    state = root / "state.json"
+    if state.exists():
+        files = [root / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+    else:
+        files = sorted(root.glob("data-*.arrow"))
     if not files:
         raise FeatureCacheError(f"{root} holds no .arrow files; is it a tokenized dataset dir?")
     h = hashlib.sha256()
