@@ -99,11 +99,13 @@ def target_identity(model) -> dict:
     """
     cfg = model.config
     params = [p for _, p in model.named_parameters()]
-    pick = sorted({round(i * (len(params) - 1) / max(PROBE_TENSORS - 1, 1)) for i in range(8)})
+    n = len(params)
+    pick = sorted({i * (n - 1) // (PROBE_TENSORS - 1) for i in range(PROBE_TENSORS)})
     probe = []
     for i in pick:
         flat = params[i].detach().reshape(-1)
-        idx = torch.linspace(0, flat.numel() - 1, PROBE_VALUES).round().long()
+        m = flat.numel()  # integer spacing: a float linspace misses the last index of big ones
+        idx = torch.tensor([k * (m - 1) // (PROBE_VALUES - 1) for k in range(PROBE_VALUES)])
         probe.extend(float(v) for v in flat[idx.to(flat.device)].float().cpu())
     return {
         "model_type": cfg.model_type,
