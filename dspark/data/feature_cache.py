@@ -291,8 +291,11 @@ def _shard_tensors(feats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, i
     }
 
 
-def _compute_shard(capture, rows, pad_id: int, batch_size: int, positions: str, dtype, device):
-    """Features of `rows` (dicts with input_ids, loss_mask), in fixed batches of `batch_size`."""
+def _compute_shard(
+    capture, rows, pad_id: int, batch_size: int, positions: str, dtype, device, on_batch=None
+):
+    """Features of `rows` (dicts with input_ids, loss_mask), in fixed batches of `batch_size`;
+    `on_batch(n_rows)` after each batch (progress)."""
     from dspark.data.collate import PadCollator
 
     collate = PadCollator(pad_id)
@@ -306,6 +309,8 @@ def _compute_shard(capture, rows, pad_id: int, batch_size: int, positions: str, 
             tapped = feats.tapped[i, :prefix].to(dtype).cpu()
             final = feats.final_hidden[i, final_pos.to(device)].to(dtype).cpu()
             out.append((tapped, final, final_pos, len(row["input_ids"])))
+        if on_batch is not None:
+            on_batch(len(chunk))
     return out
 
 
@@ -400,10 +405,18 @@ def write_cache(
         if name in done:
             continue
         path = out / name
+        shown = bar.n
         if not path.exists():  # a shard renamed into place before a kill is complete: keep it
             rows = [ds[i] for i in range(a, b)]
             feats = _compute_shard(
-                capture, rows, pad_token_id, batch_size, positions, DTYPES[dtype], device
+                capture,
+                rows,
+                pad_token_id,
+                batch_size,
+                positions,
+                DTYPES[dtype],
+                device,
+                bar.update,
             )
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
             os.close(fd)
@@ -420,7 +433,7 @@ def write_cache(
             "sha256": _file_sha256(path),
         }
         save_manifest(done, complete=False)
-        bar.update(b - a)
+        bar.update(shown + (b - a) - bar.n)
     bar.close()
     save_manifest(done, complete=True)
     return read_manifest(out)
