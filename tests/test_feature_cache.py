@@ -1,6 +1,7 @@
 """Offline feature cache: same losses as online capture, byte-identical resume, refusals, sizes."""
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -238,7 +239,7 @@ def test_estimator_matches_the_bytes_written_and_checks_the_disk(tmp_path, tiny_
             payload += len(raw) - 8 - struct.unpack("<Q", raw[:8])[0]
         # + one extra int64 in each of the two offset arrays per shard
         assert payload == est["total_bytes"] + 16 * m["num_shards"], name
-    monkeypatch.setattr(fc.shutil, "disk_usage", lambda _p: type("U", (), {"free": 1000})())
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: type("U", (), {"free": 1000})())
     with pytest.raises(fc.FeatureCacheError, match="not enough disk"):
         fc.write_cache(
             target,
