@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import torch
 
+FEATURE_KEYS = ("tapped", "final_hidden")  # cached target features, [n, D] per row
+
 
 class PadCollator:
     """Right-pad rows of `input_ids` / `loss_mask` into `[B, S]` long tensors.
 
     Returns `{"input_ids", "attention_mask", "loss_mask"}`; pads get `pad_token_id`,
     attention 0 and loss mask 0. `max_length` truncates longer rows; `pad_to_multiple_of`
-    rounds S up (e.g. 8 or 64 for tensor cores / static shapes).
+    rounds S up (e.g. 8 or 64 for tensor cores / static shapes). Rows that carry cached target
+    features (`FEATURE_KEYS`, each `[n, D]`) get them truncated and zero-padded the same way,
+    to `[B, S, D]` in their own dtype.
     """
 
     def __init__(
@@ -48,7 +52,15 @@ class PadCollator:
             input_ids[i, :n] = torch.as_tensor(s, dtype=torch.long)
             attention[i, :n] = 1
             loss_mask[i, :n] = torch.as_tensor(m, dtype=torch.long)
-        return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+        out = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+        for key in FEATURE_KEYS:
+            if key in features[0]:
+                rows = [torch.as_tensor(f[key])[: len(s)] for f, s in zip(features, seqs)]
+                padded = rows[0].new_zeros((b, width, rows[0].shape[-1]))
+                for i, r in enumerate(rows):
+                    padded[i, : len(r)] = r
+                out[key] = padded
+        return out
 
     @staticmethod
     def _as_list(x):

@@ -63,6 +63,9 @@ def build_draft(cfg, device: torch.device):
 
 
 def build_objective_for(cfg, target, draft_config):
+    """The objective; with `data.features` it reads cached features from the batch instead of
+    running the target (whose lm_head still gives the target distribution)."""
+    from dspark.capture import BatchFeatures
     from dspark.objectives import build_objective
 
     o = cfg.objective
@@ -75,6 +78,7 @@ def build_objective_for(cfg, target, draft_config):
         confidence_weight=o.confidence_weight,
         loss_decay_gamma=o.loss_decay_gamma,
         seed=cfg.trainer.seed,  # anchor sampling; its RNG state is checkpointed
+        feature_source=BatchFeatures() if cfg.data.features else None,
     )
 
 
@@ -111,15 +115,57 @@ def regenerate_if_missing(cfg, target, tokenizer) -> None:
     )
 
 
-def load_datasets(cfg, tokenizer):
-    """Train and held-out splits of a tokenized dataset dir (`input_ids`, `loss_mask`)."""
+def open_feature_caches(cfg, target, draft_config):
+    """`(train_cache, eval_cache)` of `data.features` / `data.eval_features` (None when unset),
+    each checked against this run's target, the draft's tapped layers and its tokenized set."""
+    from dspark.data.feature_cache import target_identity
+    from dspark.data.feature_dataset import FeatureCache
+
+    d = cfg.data
+    if target is None or draft_config is None:
+        raise ValueError("data.features needs the run's target and draft config to check it")
+    ident = target_identity(target)
+    caches = []
+    for what, cache_dir, data_dir in (
+        ("data.features", d.features, d.train),
+        ("data.eval_features", d.eval_features, d.eval),
+    ):
+        if not cache_dir:
+            caches.append(None)
+            continue
+        cache = FeatureCache(cache_dir)
+        cache.validate(
+            target_identity=ident,
+            layer_ids=draft_config.target_layer_ids,
+            data_dir=Path(data_dir).expanduser(),
+            what=what,
+        )
+        caches.append(cache)
+    return tuple(caches)
+
+
+def load_datasets(cfg, tokenizer, target=None, draft_config=None):
+    """Train and held-out splits of a tokenized dataset dir (`input_ids`, `loss_mask`).
+
+    With `data.features` the splits are `CachedFeatureDataset`s whose rows also carry the
+    cached `tapped` / `final_hidden` (checked against `target` and `draft_config`)."""
     from datasets import load_from_disk
+
+    from dspark.data.feature_dataset import ROW_COLUMN, CachedFeatureDataset
+
+    cached = bool(cfg.data.features)
 
     def load(spec: str):
         """One tokenized dir, or several joined by commas (concatenated in that order)."""
         from datasets import concatenate_datasets
 
-        parts = [load_one(p.strip()) for p in str(spec).split(",") if p.strip()]
+        paths = [p.strip() for p in str(spec).split(",") if p.strip()]
+        if cached and len(paths) > 1:
+            raise ValueError(
+                f"data.features caches one tokenized set, but {spec!r} joins {len(paths)}; "
+                "tokenize the sets into one directory and cache that, or drop data.features"
+            )
+        parts = [load_one(p) for p in paths]
         return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
     def load_one(path: str):
@@ -135,7 +181,11 @@ def load_datasets(cfg, tokenizer):
             raise ValueError(
                 f"{p} lacks columns {sorted(missing)}; it is not a tokenized training set"
             )
-        return ds.select_columns(["input_ids", "loss_mask"])
+        columns = ["input_ids", "loss_mask"]
+        if cached:  # each row keeps its number in the cached set through splits and subsets
+            ds = ds.add_column(ROW_COLUMN, list(range(len(ds))))
+            columns.append(ROW_COLUMN)
+        return ds.select_columns(columns)
 
     train = load(cfg.data.train)
     if cfg.data.eval:
@@ -147,6 +197,10 @@ def load_datasets(cfg, tokenizer):
         held_out = held_out.select(range(cfg.data.max_eval_rows))
     if len(train) == 0 or len(held_out) == 0:
         raise ValueError(f"empty split: {len(train)} train rows, {len(held_out)} held-out rows")
+    if cached:
+        train_cache, eval_cache = open_feature_caches(cfg, target, draft_config)
+        train = CachedFeatureDataset(train, train_cache)
+        held_out = CachedFeatureDataset(held_out, eval_cache or train_cache)
     return train, held_out
 
 

@@ -78,7 +78,7 @@ def run(cfg) -> dict:
     with accelerator.main_process_first():
         if main:
             regenerate_if_missing(cfg, target, tokenizer)
-        train_ds, eval_ds = load_datasets(cfg, tokenizer)
+        train_ds, eval_ds = load_datasets(cfg, tokenizer, target, draft.config)
     train_dl = make_loader(train_ds, tokenizer, cfg, shuffle=cfg.data.shuffle)
     eval_dl = make_loader(eval_ds, tokenizer, cfg, shuffle=False)
 
@@ -199,6 +199,7 @@ def run(cfg) -> dict:
         "conditions": {
             "target": cfg.target.name,
             "target_dtype": cfg.target.dtype,
+            "features": cfg.data.features or "online",
             "device": str(accelerator.device),
             "processes": accelerator.num_processes,
             "mixed_precision": t_cfg.mixed_precision,

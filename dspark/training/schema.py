@@ -49,6 +49,12 @@ class DataConfig:
     prompts_limit: int | None = None
     answer_tokens: int = 128
     eval: str | None = None  # held-out tokenized dir; None: carve eval_fraction off train
+    # Offline target features (data_scripts/cache_features.py): a cache of `train` made for this
+    # target and draft.target_layer_ids; training then runs no target forward. `eval_features`
+    # is the cache of `eval` (needed when `eval` is set; held-out rows carved off `train` read
+    # `features`).
+    features: str | None = None
+    eval_features: str | None = None
     eval_fraction: float = 0.05
     max_eval_rows: int = 256
     max_length: int = 4096
@@ -135,6 +141,18 @@ def check(cfg: Any) -> None:
         raise ValueError("draft.markov_rank must be >= 0 (0 disables the Markov head)")
     if not 0.0 <= cfg.data.eval_fraction < 1.0:
         raise ValueError("data.eval_fraction must be in [0, 1)")
+    d = cfg.data
+    if d.eval_features and not (d.features and d.eval):
+        raise ValueError(
+            "data.eval_features is the feature cache of data.eval: set data.eval and "
+            "data.features (the cache of data.train) with it, or drop it"
+        )
+    if d.features and d.eval and not d.eval_features:
+        raise ValueError(
+            "data.features is set and data.eval names its own held-out set: set "
+            "data.eval_features to a cache of data.eval (data_scripts/cache_features.py), or "
+            "drop data.eval to carve the held-out rows off data.train"
+        )
 
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"

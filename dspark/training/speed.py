@@ -29,7 +29,7 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
         torch.set_num_threads(cfg.trainer.threads)
     target, tokenizer, draft = build_draft(cfg, dev)
     objective = build_objective_for(cfg, target, draft.config)
-    train_ds, _ = load_datasets(cfg, tokenizer)
+    train_ds, _ = load_datasets(cfg, tokenizer, target, draft.config)
     loader = make_loader(train_ds, tokenizer, cfg, shuffle=False)
     optimizer = build_optimizer(draft, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
     autocast = torch.autocast(

@@ -1,0 +1,90 @@
+"""Run the target once over a tokenized set and cache its features for training.
+
+    python data_scripts/cache_features.py --target embedded \
+        --data runs/data/embedded/train/tokenized --output runs/data/embedded/train/features
+    # then: accelerate launch train/distill.py recipe=quickstart data.features=<output> ...
+    python data_scripts/cache_features.py --target-config '{"hidden_size": 4096,
+        "num_hidden_layers": 36}' --estimate-only          # Qwen3-8B size, no hub, no weights
+
+Prints the size estimate first and refuses to start when the disk lacks room. Resumable: rerun
+the same command after a kill; finished shards are kept as they are. Format and what
+`--positions loss` keeps: dspark/data/feature_cache.py.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dspark.data import feature_cache as fc  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--target", default="embedded", help="embedded | tiny-* | model dir | hub id")
+    p.add_argument(
+        "--target-config",
+        default=None,
+        help="estimate from these dims alone (inline JSON or a config.json); implies "
+        "--estimate-only and loads no weights",
+    )
+    p.add_argument("--data", default=None, help="tokenized dataset dir (input_ids, loss_mask)")
+    p.add_argument("--output", default=None, help="cache dir (resumes when it exists)")
+    p.add_argument("--dtype", default="bf16", choices=sorted(fc.DTYPES))
+    p.add_argument("--positions", default="all", choices=fc.POSITIONS)
+    p.add_argument("--layer-ids", default=None, help="e.g. 1,8,14,21,27 (default: the draft's)")
+    p.add_argument("--num-layers-tapped", type=int, default=5)
+    p.add_argument("--target-dtype", default="float32", help="the target's own dtype")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if any)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--shard-mb", type=float, default=fc.DEFAULT_SHARD_MB)
+    p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--estimate-only", action="store_true", help="print the size, write nothing")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON too")
+    a = p.parse_args(argv)
+    ids = [int(x) for x in a.layer_ids.split(",")] if a.layer_ids else None
+
+    dims = fc.target_dims(a.target_config or a.target)
+    layer_ids = fc.resolve_layer_ids(dims["num_hidden_layers"], ids, a.num_layers_tapped)
+    est = fc.estimate_from_config(
+        dims, layer_ids, data_dir=a.data, dtype=a.dtype, positions=a.positions
+    )
+    print(fc.format_estimate(est) + f"\n  layers tapped: {layer_ids}")
+    if a.json:
+        print(json.dumps(est, indent=2))
+    if a.estimate_only or a.target_config:
+        return 0
+    if not (a.data and a.output):
+        p.error("--data and --output are needed to write a cache")
+
+    import torch
+
+    from dspark.target import load_target
+
+    if a.num_threads:
+        torch.set_num_threads(a.num_threads)
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    target, tokenizer = load_target(a.target, dtype=a.target_dtype, device=device)
+    manifest = fc.write_cache(
+        target,
+        a.data,
+        a.output,
+        layer_ids=layer_ids,
+        target_name=a.target,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype=a.dtype,
+        positions=a.positions,
+        batch_size=a.batch_size,
+        shard_mb=a.shard_mb,
+    )
+    size = sum(s["bytes"] for s in manifest["shards"])
+    print(f"wrote {a.output}: {manifest['num_shards']} shards, {size / 2**20:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""What a feature cache stores per row and how big it is (see `dspark.data.feature_cache`).
+
+`stored_positions` is the `positions` rule (all | loss), `Layout` the bytes per token,
+`estimate` the size of a cache for a tokenized set, `check_disk` the refusal to start when
+the disk lacks room; `target_dims` / `estimate_from_config` work from a target's config alone
+(no weights, no hub), e.g. Qwen3-8B's `{"hidden_size": 4096, "num_hidden_layers": 36}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+POSITIONS = ("all", "loss")
+INDEX_BYTES_PER_FINAL = 4  # final_positions, int32
+INDEX_BYTES_PER_ROW = 3 * 8  # lengths + two offsets, int64
+DEFAULT_SHARD_MB = 512
+DISK_HEADROOM = 1.05  # safetensors headers, the temp file of the shard being written
+
+
+class FeatureCacheError(ValueError):
+    """A cache that does not fit the run (other target, layers, data) or a bad option."""
+
+
+# ---------------------------------------------------------------------------- what is stored
+def stored_positions(loss_mask: Sequence[int], positions: str) -> tuple[int, torch.Tensor]:
+    """`(tapped_prefix, final_positions)` of one row: tapped is stored for `[0, tapped_prefix)`,
+    final_hidden at `final_positions` (int64). See the module docstring for the `loss` rule."""
+    n = len(loss_mask)
+    if positions == "all":
+        return n, torch.arange(n)
+    if positions != "loss":
+        raise FeatureCacheError(f"positions={positions!r} is not one of {POSITIONS}")
+    lm = torch.as_tensor(list(loss_mask), dtype=torch.bool)
+    valid = torch.zeros(n, dtype=torch.bool)
+    valid[:-1] = lm[:-1] & lm[1:]
+    final = valid.nonzero().flatten()
+    prefix = int(final[-1]) if final.numel() else 0
+    return prefix, final
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Per-token sizes of a cache: `hidden` H, `num_layers` L tapped, element size."""
+
+    hidden: int
+    num_layers: int
+    dtype: str = "bf16"
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype].itemsize
+
+    @property
+    def tapped_bytes(self) -> int:
+        return self.num_layers * self.hidden * self.itemsize
+
+    @property
+    def final_bytes(self) -> int:
+        return self.hidden * self.itemsize + INDEX_BYTES_PER_FINAL
+
+    @property
+    def bytes_per_token_all(self) -> int:
+        """Bytes per token with `positions=all` (tapped + final + its position index)."""
+        return self.tapped_bytes + self.final_bytes
+
+    def row_bytes(self, tapped_tokens: int, final_tokens: int) -> int:
+        return (
+            tapped_tokens * self.tapped_bytes
+            + final_tokens * self.final_bytes
+            + INDEX_BYTES_PER_ROW
+        )
+
+
+def row_token_counts(loss_masks, positions: str) -> list[tuple[int, int, int]]:
+    """`(length, tapped_tokens, final_tokens)` per row."""
+    out = []
+    for lm in loss_masks:
+        prefix, final = stored_positions(lm, positions)
+        out.append((len(lm), prefix, int(final.numel())))
+    return out
+
+
+def plan_shards(row_bytes: Sequence[int], shard_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges `[start, end)`, each closed once it reaches `shard_bytes`."""
+    plan, start, acc = [], 0, 0
+    for i, b in enumerate(row_bytes):
+        acc += b
+        if acc >= shard_bytes:
+            plan.append((start, i + 1))
+            start, acc = i + 1, 0
+    if start < len(row_bytes):
+        plan.append((start, len(row_bytes)))
+    return plan
+
+
+def estimate(layout: Layout, counts: Sequence[tuple[int, int, int]] | None, positions: str) -> dict:
+    """Size of a cache: bytes per token, and with `counts` (see `row_token_counts`) the total."""
+    est = {
+        "hidden_size": layout.hidden,
+        "num_layers_tapped": layout.num_layers,
+        "dtype": layout.dtype,
+        "positions": positions,
+        "bytes_per_token_all_positions": layout.bytes_per_token_all,
+    }
+    if counts is not None:
+        tokens = sum(c[0] for c in counts)
+        total = sum(layout.row_bytes(c[1], c[2]) for c in counts)
+        est.update(
+            rows=len(counts),
+            tokens=tokens,
+            tapped_tokens=sum(c[1] for c in counts),
+            final_tokens=sum(c[2] for c in counts),
+            total_bytes=total,
+            bytes_per_token=total / max(tokens, 1),
+        )
+    return est
+
+
+def format_estimate(est: dict) -> str:
+    lines = [
+        f"feature cache estimate: H={est['hidden_size']}, {est['num_layers_tapped']} tapped "
+        f"layers, {est['dtype']}, positions={est['positions']}",
+        f"  all positions: {est['bytes_per_token_all_positions']:,} bytes/token",
+    ]
+    if "total_bytes" in est:
+        lines.append(
+            f"  this set: {est['rows']:,} rows, {est['tokens']:,} tokens "
+            f"(tapped kept for {est['tapped_tokens']:,}, final hidden for "
+            f"{est['final_tokens']:,}) -> {est['bytes_per_token']:,.0f} bytes/token, "
+            f"total {est['total_bytes'] / 2**30:.3f} GiB"
+        )
+    return "\n".join(lines)
+
+
+def check_disk(out_dir: Path, needed: int) -> None:
+    """Refuse to start when the file system of `out_dir` lacks `needed` bytes (+ headroom)."""
+    probe = out_dir
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed * DISK_HEADROOM > free:
+        raise FeatureCacheError(
+            f"not enough disk for the feature cache in {out_dir}: it needs "
+            f"{needed / 2**30:.2f} GiB (+{(DISK_HEADROOM - 1) * 100:.0f}% headroom), "
+            f"{free / 2**30:.2f} GiB are free. Free space, write elsewhere (--output), or store "
+            f"less (--positions loss, --dtype bf16)."
+        )
+
+
+# ---------------------------------------------------------------------------- from a config
+def target_dims(spec: str) -> dict:
+    """`hidden_size` and `num_hidden_layers` of a target without loading its weights.
+
+    `spec` is inline JSON (`{"hidden_size": 4096, "num_hidden_layers": 36}`), a config.json
+    file, or a target spec `load_target` accepts (its config is read, nothing else)."""
+    text = spec.strip()
+    if text.startswith("{"):
+        cfg = json.loads(text)
+    elif Path(text).expanduser().is_file():
+        cfg = json.loads(Path(text).expanduser().read_text())
+    else:
+        from transformers import AutoConfig
+
+        from dspark.target import resolve_target
+
+        cfg = AutoConfig.from_pretrained(resolve_target(text)).to_dict()
+    cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
+    missing = [k for k in ("hidden_size", "num_hidden_layers") if k not in cfg]
+    if missing:
+        raise FeatureCacheError(f"target config {spec!r} lacks {missing}")
+    return {
+        "hidden_size": int(cfg["hidden_size"]),
+        "num_hidden_layers": int(cfg["num_hidden_layers"]),
+    }
+
+
+def resolve_layer_ids(num_hidden_layers: int, layer_ids=None, num_layers_tapped: int = 5) -> list:
+    """The draft's default taps (`default_target_layer_ids`) unless `layer_ids` are given."""
+    from dspark.config import default_target_layer_ids
+
+    if layer_ids:
+        return [int(i) for i in layer_ids]
+    return default_target_layer_ids(num_hidden_layers, num_layers_tapped)
+
+
+def estimate_from_config(
+    dims: dict,
+    layer_ids: Sequence[int],
+    *,
+    data_dir: str | os.PathLike | None = None,
+    dtype: str = "bf16",
+    positions: str = "all",
+) -> dict:
+    """`estimate` from target dims alone (+ the tokenized set's loss masks when given)."""
+    counts = None
+    if data_dir is not None:
+        from datasets import load_from_disk
+
+        counts = row_token_counts(
+            load_from_disk(str(Path(data_dir).expanduser()))["loss_mask"], positions
+        )
+    est = estimate(Layout(dims["hidden_size"], len(layer_ids), dtype), counts, positions)
+    est["layer_ids"] = list(layer_ids)
+    return est
