@@ -11,7 +11,12 @@ class PadCollator:
     Returns `{"input_ids", "attention_mask", "loss_mask"}`; pads get `pad_token_id`,
     attention 0 and loss mask 0. `max_length` truncates longer rows; `pad_to_multiple_of`
     rounds S up (e.g. 8 or 64 for tensor cores / static shapes).
+
+    Packed rows (`dspark.data.packing.PackedDataset`) also carry `document_ids` and
+    `position_ids`: they come out as `[B, S]` long too, pads get document -1 and position 0.
     """
+
+    PACKED_KEYS = {"document_ids": -1, "position_ids": 0}  # key -> pad value
 
     def __init__(
         self,
@@ -37,6 +42,8 @@ class PadCollator:
         if self.pad_to_multiple_of:
             k = self.pad_to_multiple_of
             width = (width + k - 1) // k * k
+        packed = [k for k in self.PACKED_KEYS if k in features[0]]
+        extra = {k: [self._as_list(f[k])[: len(s)] for f, s in zip(features, seqs)] for k in packed}
         b = len(seqs)
         input_ids = torch.full((b, width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((b, width), dtype=torch.long)
@@ -48,7 +55,15 @@ class PadCollator:
             input_ids[i, :n] = torch.as_tensor(s, dtype=torch.long)
             attention[i, :n] = 1
             loss_mask[i, :n] = torch.as_tensor(m, dtype=torch.long)
-        return {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+        out = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
+        for k in packed:
+            t = torch.full((b, width), self.PACKED_KEYS[k], dtype=torch.long)
+            for i, row in enumerate(extra[k]):
+                if len(row) != len(seqs[i]):
+                    raise ValueError(f"row {i}: {k} ({len(row)}) and input_ids differ in length")
+                t[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            out[k] = t
+        return out
 
     @staticmethod
     def _as_list(x):

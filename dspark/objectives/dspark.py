@@ -18,6 +18,10 @@ Metrics (already global):
   `tau_probabilistic_full_blocks`: the same over blocks whose gamma slots are all supervised;
 - `confidence_error`: mean |sigmoid(confidence logit) - c*| over supervised slots;
 - `supervised_tokens`, `blocks`: global counts.
+
+Packed batches (several conversations per row, `dspark.data.packing`) carry `document_ids` and
+`position_ids`; anchors and supervised slots then stay inside one document (`document_starts`)
+and the draft gets both, so each conversation's loss terms equal those it has alone.
 """
 
 from __future__ import annotations
@@ -29,6 +33,26 @@ import torch
 from dspark import losses as L
 from dspark.capture import FeatureSource, OnlineTargetCapture, target_logits
 from dspark.objectives.base import LocalReducer, Reducer
+
+
+def document_starts(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """bool `[B, S]`: the first token of every document (position 0 of a row; with packed
+    `document_ids`, also every position where the document changes).
+
+    The objective clears the loss mask there, which makes anchors and supervision stop at
+    document ends: a first token has no context in its own document (never an anchor) and
+    nothing before it in its document predicts it (never a label), so an anchor p needs
+    p+1 in its document and slot k stops before a document change. A packed conversation
+    thus gets exactly the anchors and supervised slots it gets alone (chat data never has a
+    loss mask on a row's first token, so unpacked rows lose nothing).
+    """
+    input_ids = batch["input_ids"]
+    starts = torch.zeros_like(input_ids, dtype=torch.bool)
+    starts[:, 0] = True
+    docs = batch.get("document_ids")
+    if docs is not None:
+        starts[:, 1:] = docs[:, 1:] != docs[:, :-1]
+    return starts
 
 
 class DSparkObjective:
@@ -113,13 +137,16 @@ class DSparkObjective:
         loss_mask = batch["loss_mask"].bool()
         if "attention_mask" in batch:
             loss_mask = loss_mask & batch["attention_mask"].bool()
+        loss_mask = loss_mask & ~document_starts(batch)
+        # Packed rows (dspark.data.packing): the draft also needs the documents and positions.
+        packed = {k: batch[k] for k in ("document_ids", "position_ids") if k in batch}
 
         feats = self.features(batch)
         anchors, valid = L.sample_anchors(loss_mask, self.num_anchors, generator)
         anchors, valid = anchors.to(dev), valid.to(dev)
         slot_mask = L.slot_supervision_mask(loss_mask, anchors, valid, g)
 
-        out = draft(feats.tapped, input_ids, anchors, valid, slot_mask=slot_mask)
+        out = draft(feats.tapped, input_ids, anchors, valid, slot_mask=slot_mask, **packed)
 
         b_idx, n_idx, k_idx = slot_mask.nonzero(as_tuple=True)
         pos = anchors[b_idx, n_idx] + k_idx  # the hidden state at p+k predicts x_{p+k+1}
