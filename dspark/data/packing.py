@@ -107,7 +107,7 @@ class PackedDataset(Dataset):
     def __init__(self, dataset, max_length: int, seed: int = 0) -> None:
         self.dataset = dataset
         self.max_length = int(max_length)
-        lengths = [len(x) for x in _column(dataset, "input_ids")]
+        lengths = row_lengths(dataset)
         self.rows = first_fit_pack(lengths, self.max_length, seed)
         self.num_documents = sum(len(r) for r in self.rows)
 
@@ -118,12 +118,55 @@ class PackedDataset(Dataset):
         return pack_features([self.dataset[j] for j in self.rows[i]], self.max_length)
 
 
-def _column(dataset, name: str):
-    """A column of an HF `datasets.Dataset` (fast path) or of a list of dicts."""
-    if hasattr(dataset, "column_names"):
-        return dataset[name]
-    return [row[name] for row in dataset]
+def row_lengths(dataset) -> list[int]:
+    """Token count of every row: from the Arrow column of an HF `datasets.Dataset` (no Python
+    lists of ids are built), else from a list of dicts."""
+    if hasattr(dataset, "data") and hasattr(dataset, "column_names"):
+        import pyarrow.compute as pc
+
+        lengths = pc.list_value_length(dataset.data.column("input_ids"))
+        indices = getattr(dataset, "_indices", None)  # a select() / train_test_split() view
+        if indices is not None:
+            lengths = lengths.take(indices.column(0))
+        return lengths.to_pylist()
+    return [len(row["input_ids"]) for row in dataset]
 
 
 def _as_list(x) -> list[int]:
     return x.tolist() if hasattr(x, "tolist") else list(x)
+
+
+def padding_stats(
+    lengths: Sequence[int], batch_size: int, max_length: int, packing: bool, seed: int = 0
+) -> dict:
+    """Padding of one epoch of batches, as the training loader builds them: rows truncated to
+    `max_length`, `batch_size` rows per batch in a seeded random order, each batch padded to
+    its longest row; with `packing` the rows are first-fit packed conversations.
+
+    Returns `pad_share` (pad tokens / all tokens in the batches) and the counts behind it.
+    """
+    lens = [min(int(n), max_length) for n in lengths if int(n) > 0]
+    if packing:
+        rows = [sum(lens[i] for i in r) for r in first_fit_pack(lens, max_length, seed)]
+    else:
+        rows = lens
+    gen = torch.Generator().manual_seed(int(seed) + 1)
+    order = torch.randperm(len(rows), generator=gen).tolist()
+    real = total = batches = 0
+    for i in range(0, len(order), batch_size):
+        chunk = [rows[j] for j in order[i : i + batch_size]]
+        real += sum(chunk)
+        total += len(chunk) * max(chunk)
+        batches += 1
+    return {
+        "packing": packing,
+        "conversations": len(lens),
+        "rows": len(rows),
+        "conversations_per_row": len(lens) / max(len(rows), 1),
+        "batches": batches,
+        "real_tokens": real,
+        "batch_tokens": total,
+        "pad_tokens": total - real,
+        "pad_share": (total - real) / max(total, 1),
+        "mean_tokens_per_batch": total / max(batches, 1),
+    }

@@ -20,8 +20,9 @@ Metrics (already global):
 - `supervised_tokens`, `blocks`: global counts.
 
 Packed batches (several conversations per row, `dspark.data.packing`) carry `document_ids` and
-`position_ids`; anchors and supervised slots then stay inside one document (`document_starts`)
-and the draft gets both, so each conversation's loss terms equal those it has alone.
+`position_ids`; anchors and supervised slots then stay inside one document, each document has
+its own anchor budget (`dspark.objectives.documents`), and the draft gets both, so each
+conversation's loss terms equal those it has alone.
 """
 
 from __future__ import annotations
@@ -33,26 +34,7 @@ import torch
 from dspark import losses as L
 from dspark.capture import FeatureSource, OnlineTargetCapture, target_logits
 from dspark.objectives.base import LocalReducer, Reducer
-
-
-def document_starts(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """bool `[B, S]`: the first token of every document (position 0 of a row; with packed
-    `document_ids`, also every position where the document changes).
-
-    The objective clears the loss mask there, which makes anchors and supervision stop at
-    document ends: a first token has no context in its own document (never an anchor) and
-    nothing before it in its document predicts it (never a label), so an anchor p needs
-    p+1 in its document and slot k stops before a document change. A packed conversation
-    thus gets exactly the anchors and supervised slots it gets alone (chat data never has a
-    loss mask on a row's first token, so unpacked rows lose nothing).
-    """
-    input_ids = batch["input_ids"]
-    starts = torch.zeros_like(input_ids, dtype=torch.bool)
-    starts[:, 0] = True
-    docs = batch.get("document_ids")
-    if docs is not None:
-        starts[:, 1:] = docs[:, 1:] != docs[:, :-1]
-    return starts
+from dspark.objectives.documents import document_starts, sample_document_anchors
 
 
 class DSparkObjective:
@@ -142,7 +124,12 @@ class DSparkObjective:
         packed = {k: batch[k] for k in ("document_ids", "position_ids") if k in batch}
 
         feats = self.features(batch)
-        anchors, valid = L.sample_anchors(loss_mask, self.num_anchors, generator)
+        if "document_ids" in batch:  # packed: num_anchors per conversation, not per row
+            anchors, valid = sample_document_anchors(
+                loss_mask, batch["document_ids"], self.num_anchors, generator
+            )
+        else:
+            anchors, valid = L.sample_anchors(loss_mask, self.num_anchors, generator)
         anchors, valid = anchors.to(dev), valid.to(dev)
         slot_mask = L.slot_supervision_mask(loss_mask, anchors, valid, g)
 
