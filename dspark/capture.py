@@ -78,16 +78,27 @@ class OnlineTargetCapture:
         input_ids = batch["input_ids"]
         try:
             with torch.autocast(input_ids.device.type, enabled=False):
-                out = base(
-                    input_ids=input_ids,
-                    attention_mask=batch.get("attention_mask"),
-                    use_cache=False,
-                )
+                out = base(input_ids=input_ids, use_cache=False, **target_mask_kwargs(batch))
         finally:
             for h in hooks:
                 h.remove()
         tapped = torch.cat([captured[i] for i in self.layer_ids], dim=-1)
         return TargetFeatures(tapped=tapped, final_hidden=out.last_hidden_state)
+
+
+def target_mask_kwargs(batch: Mapping[str, torch.Tensor]) -> dict:
+    """How the target must see a batch: padded rows by their `attention_mask`; packed rows
+    (`position_ids` restarting at 0 per conversation, see `dspark.data.packing`) by their
+    position ids alone, with NO 2D mask. transformers (>= 4.54, 5.x here) then derives
+    document-aware causal attention from the position restarts (`find_packed_sequence_indices`:
+    every restart opens a new document; each trailing pad, at position 0, is a document of its
+    own), for sdpa, eager and flex alike, and flash-attention uses the same ids as varlen
+    boundaries; RoPE uses the per-document positions. So each conversation's features equal
+    those of the conversation run alone (tests/test_packing.py checks it on every tiny target).
+    """
+    if "position_ids" in batch:
+        return {"position_ids": batch["position_ids"], "attention_mask": None}
+    return {"attention_mask": batch.get("attention_mask")}
 
 
 class BatchFeatures:

@@ -15,7 +15,12 @@ class PadCollator:
     rounds S up (e.g. 8 or 64 for tensor cores / static shapes). Rows that carry cached target
     features (`FEATURE_KEYS`, each `[n, D]`) get them truncated and zero-padded the same way,
     to `[B, S, D]` in their own dtype.
+
+    Packed rows (`dspark.data.packing.PackedDataset`) also carry `document_ids` and
+    `position_ids`: they come out as `[B, S]` long too, pads get document -1 and position 0.
     """
+
+    PACKED_KEYS = {"document_ids": -1, "position_ids": 0}  # key -> pad value
 
     def __init__(
         self,
@@ -41,6 +46,8 @@ class PadCollator:
         if self.pad_to_multiple_of:
             k = self.pad_to_multiple_of
             width = (width + k - 1) // k * k
+        packed = [k for k in self.PACKED_KEYS if k in features[0]]
+        extra = {k: [self._as_list(f[k])[: len(s)] for f, s in zip(features, seqs)] for k in packed}
         b = len(seqs)
         input_ids = torch.full((b, width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((b, width), dtype=torch.long)
@@ -60,6 +67,13 @@ class PadCollator:
                 for i, r in enumerate(rows):
                     padded[i, : len(r)] = r
                 out[key] = padded
+        for k in packed:
+            t = torch.full((b, width), self.PACKED_KEYS[k], dtype=torch.long)
+            for i, row in enumerate(extra[k]):
+                if len(row) != len(seqs[i]):
+                    raise ValueError(f"row {i}: {k} ({len(row)}) and input_ids differ in length")
+                t[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+            out[k] = t
         return out
 
     @staticmethod

@@ -41,12 +41,15 @@ def training_block_mask(
     anchor_valid: torch.Tensor | None,
     seq_len: int,
     block_size: int,
+    document_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean attention mask `[B, 1, N*gamma, S + N*gamma]` (True = may attend).
 
     Query slot of block n attends to context keys at positions < p_n and to the keys of block
-    n only. Invalid (dummy) blocks see their own block only: never a fully masked row (SDPA
-    would return NaN), and their outputs are masked out of every loss anyway.
+    n only. With `document_ids [B, S]` (packed rows) a context key must also belong to the
+    anchor's document, so nothing of another conversation in the row reaches the block.
+    Invalid (dummy) blocks see their own block only: never a fully masked row (SDPA would
+    return NaN), and their outputs are masked out of every loss anyway.
     """
     B, N = anchor_positions.shape
     dev = anchor_positions.device
@@ -55,21 +58,25 @@ def training_block_mask(
     p = anchor_positions.gather(1, q_block.expand(B, -1))  # [B, Q]
     ctx_pos = torch.arange(seq_len, device=dev)
     ctx_ok = ctx_pos[None, None, :] < p[:, :, None]  # [B, Q, S]
+    if document_ids is not None:
+        anchor_doc = document_ids.gather(1, p.clamp(0, seq_len - 1))  # [B, Q]
+        ctx_ok = ctx_ok & (document_ids[:, None, :] == anchor_doc[:, :, None])
     if anchor_valid is not None:
         ctx_ok = ctx_ok & anchor_valid.gather(1, q_block.expand(B, -1))[:, :, None]
     blk_ok = (q_block[:, None] == q_block[None, :]).expand(B, -1, -1)  # [B, Q, Q]
     return torch.cat([ctx_ok, blk_ok], dim=2)[:, None]
 
 
-def training_flex_block_mask(
-    anchor_positions: torch.Tensor, anchor_valid: torch.Tensor | None, seq_len: int, block_size: int
+def training_mask_mod(
+    anchor_positions: torch.Tensor,
+    anchor_valid: torch.Tensor | None,
+    seq_len: int,
+    block_size: int,
+    document_ids: torch.Tensor | None = None,
 ):
-    """The same mask as `training_block_mask`, as a flex-attention `BlockMask` (CUDA path)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    B, N = anchor_positions.shape
-    g = block_size
-    S = seq_len
+    """The flex-attention `mask_mod(b, h, q_idx, kv_idx)` of `training_block_mask` (same rule,
+    element-wise), over `S + N*gamma` keys: context first, then the blocks."""
+    g, S = block_size, seq_len
     valid = (
         anchor_valid
         if anchor_valid is not None
@@ -80,11 +87,34 @@ def training_flex_block_mask(
         qb = q_idx // g
         p = anchor_positions[b, qb]
         in_ctx = (kv_idx < S) & (kv_idx < p) & valid[b, qb]
+        if document_ids is not None:
+            kv_c = torch.clamp(kv_idx, max=S - 1)
+            in_ctx = in_ctx & (document_ids[b, kv_c] == document_ids[b, torch.clamp(p, 0, S - 1)])
         in_blk = (kv_idx >= S) & ((kv_idx - S) // g == qb)
         return in_ctx | in_blk
 
+    return mask_mod
+
+
+def training_flex_block_mask(
+    anchor_positions: torch.Tensor,
+    anchor_valid: torch.Tensor | None,
+    seq_len: int,
+    block_size: int,
+    document_ids: torch.Tensor | None = None,
+):
+    """The same mask as `training_block_mask`, as a flex-attention `BlockMask` (CUDA path)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, N = anchor_positions.shape
+    mask_mod = training_mask_mod(anchor_positions, anchor_valid, seq_len, block_size, document_ids)
     return create_block_mask(
-        mask_mod, B=B, H=None, Q_LEN=N * g, KV_LEN=S + N * g, device=anchor_positions.device
+        mask_mod,
+        B=B,
+        H=None,
+        Q_LEN=N * block_size,
+        KV_LEN=seq_len + N * block_size,
+        device=anchor_positions.device,
     )
 
 
@@ -161,27 +191,36 @@ class BlockParallelBackbone:
         input_ids: torch.Tensor,
         anchor_positions: torch.Tensor,
         anchor_valid: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every anchor block of a batch in one pass -> final-normed `h [B, N, gamma, H]`.
 
         `tapped [B, S, L*H]`, `input_ids [B, S]`, `anchor_positions [B, N]` (long), optional
-        `anchor_valid [B, N]` bool (False = dummy block, masked out downstream).
+        `anchor_valid [B, N]` bool (False = dummy block, masked out downstream). Packed rows add
+        `document_ids [B, S]` (context keys from the anchor's document only) and per-document
+        `position_ids [B, S]` (RoPE: context at its own position, block at pos(p)..pos(p)+gamma-1).
         """
         cfg = self.config
         g = int(cfg.block_size)
         B, S = input_ids.shape
         N = anchor_positions.shape[1]
         ctx = self.encode_context(tapped)
-        ctx_pos = torch.arange(S, device=input_ids.device).expand(B, -1)
+        if position_ids is None:
+            ctx_pos = torch.arange(S, device=input_ids.device).expand(B, -1)
+            block_start = anchor_positions
+        else:
+            ctx_pos = position_ids
+            block_start = position_ids.gather(1, anchor_positions.clamp(0, S - 1))
         ctx_kv = self.context_kv(ctx, ctx_pos)
         ids = block_input_ids(input_ids, anchor_positions, cfg.mask_token_id, g).view(B, N * g)
-        pos = block_position_ids(anchor_positions, g).view(B, N * g)
+        pos = block_position_ids(block_start, g).view(B, N * g)
         x = self.embed_tokens(ids)
         cos, sin = self.rope(pos, x.dtype)
         if self._use_flex(x.device):
-            mask = training_flex_block_mask(anchor_positions, anchor_valid, S, g)
+            mask = training_flex_block_mask(anchor_positions, anchor_valid, S, g, document_ids)
         else:
-            mask = training_block_mask(anchor_positions, anchor_valid, S, g)
+            mask = training_block_mask(anchor_positions, anchor_valid, S, g, document_ids)
         for layer, (k, v) in zip(self.layers, ctx_kv):
             x = layer(x, cos, sin, k, v, mask)
         return self.norm(x).view(B, N, g, -1)

@@ -152,13 +152,18 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         anchor_valid: torch.Tensor | None = None,
         slot_mask: torch.Tensor | None = None,
         return_logits: bool = True,
+        document_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> DSparkDraftOutput:
         """Training forward: all anchor blocks in one pass, heads teacher-forced.
 
         `tapped [B, S, L*H]`, `input_ids [B, S]`, `anchor_positions [B, N]`, `anchor_valid [B, N]`,
-        `slot_mask [B, N, gamma]` (which slots to compute logits for; None = all).
+        `slot_mask [B, N, gamma]` (which slots to compute logits for; None = all); packed rows
+        add `document_ids` / `position_ids [B, S]` (see `forward_blocks`).
         """
-        hidden = self.forward_blocks(tapped, input_ids, anchor_positions, anchor_valid)
+        hidden = self.forward_blocks(
+            tapped, input_ids, anchor_positions, anchor_valid, document_ids, position_ids
+        )
         if not return_logits:
             return DSparkDraftOutput(hidden=hidden)
         prev = teacher_forced_prev_tokens(input_ids, anchor_positions, int(self.config.block_size))

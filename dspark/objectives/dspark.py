@@ -18,6 +18,11 @@ Metrics (already global):
   `tau_probabilistic_full_blocks`: the same over blocks whose gamma slots are all supervised;
 - `confidence_error`: mean |sigmoid(confidence logit) - c*| over supervised slots;
 - `supervised_tokens`, `blocks`: global counts.
+
+Packed batches (several conversations per row, `dspark.data.packing`) carry `document_ids` and
+`position_ids`; anchors and supervised slots then stay inside one document, each document has
+its own anchor budget (`dspark.objectives.documents`), and the draft gets both, so each
+conversation's loss terms equal those it has alone.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 from dspark import losses as L
 from dspark.capture import FeatureSource, OnlineTargetCapture, target_logits
 from dspark.objectives.base import LocalReducer, Reducer
+from dspark.objectives.documents import document_starts, sample_document_anchors
 
 
 class DSparkObjective:
@@ -113,13 +119,21 @@ class DSparkObjective:
         loss_mask = batch["loss_mask"].bool()
         if "attention_mask" in batch:
             loss_mask = loss_mask & batch["attention_mask"].bool()
+        loss_mask = loss_mask & ~document_starts(batch)
+        # Packed rows (dspark.data.packing): the draft also needs the documents and positions.
+        packed = {k: batch[k] for k in ("document_ids", "position_ids") if k in batch}
 
         feats = self.features(batch)
-        anchors, valid = L.sample_anchors(loss_mask, self.num_anchors, generator)
+        if "document_ids" in batch:  # packed: num_anchors per conversation, not per row
+            anchors, valid = sample_document_anchors(
+                loss_mask, batch["document_ids"], self.num_anchors, generator
+            )
+        else:
+            anchors, valid = L.sample_anchors(loss_mask, self.num_anchors, generator)
         anchors, valid = anchors.to(dev), valid.to(dev)
         slot_mask = L.slot_supervision_mask(loss_mask, anchors, valid, g)
 
-        out = draft(feats.tapped, input_ids, anchors, valid, slot_mask=slot_mask)
+        out = draft(feats.tapped, input_ids, anchors, valid, slot_mask=slot_mask, **packed)
 
         b_idx, n_idx, k_idx = slot_mask.nonzero(as_tuple=True)
         pos = anchors[b_idx, n_idx] + k_idx  # the hidden state at p+k predicts x_{p+k+1}

@@ -205,8 +205,15 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
 
 
 def make_loader(ds, tokenizer, cfg, shuffle: bool) -> DataLoader:
+    """Batches of `data.batch_size` rows, right-padded; with `data.packing` a row is several
+    conversations first-fit into `data.max_length` tokens (packed once, seeded by
+    `trainer.seed`; the loader shuffles the packed rows every epoch)."""
     from dspark.data.collate import PadCollator
 
+    if cfg.data.packing:
+        from dspark.data.packing import PackedDataset
+
+        ds = PackedDataset(ds, cfg.data.max_length, seed=cfg.trainer.seed)
     return DataLoader(
         ds,
         batch_size=cfg.data.batch_size,

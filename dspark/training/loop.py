@@ -28,6 +28,7 @@ from dspark.training.build import (
 )
 from dspark.training.checkpoint import Progress, latest_checkpoint, publish_draft, save_checkpoint
 from dspark.training.optim import build_optimizer, warmup_cosine
+from dspark.training.precision import resolve_mixed_precision
 from dspark.training.report import write_report
 from dspark.training.tracking import JsonlLog, init_tracking
 
@@ -64,8 +65,9 @@ def run(cfg) -> dict:
     out = Path(t_cfg.output_dir)
     if t_cfg.threads:
         torch.set_num_threads(t_cfg.threads)
+    mixed_precision = resolve_mixed_precision(t_cfg.mixed_precision)  # auto -> bf16 | no
     accelerator = Accelerator(
-        mixed_precision=t_cfg.mixed_precision,
+        mixed_precision=mixed_precision,
         gradient_accumulation_steps=t_cfg.gradient_accumulation_steps,
         log_with="wandb" if cfg.tracking.backend == "wandb" else None,
         project_dir=str(out),
@@ -202,7 +204,8 @@ def run(cfg) -> dict:
             "features": cfg.data.features or "online",
             "device": str(accelerator.device),
             "processes": accelerator.num_processes,
-            "mixed_precision": t_cfg.mixed_precision,
+            "mixed_precision": mixed_precision,
+            "packing": bool(cfg.data.packing),
             "block_size": cfg.draft.block_size,
             "batch_per_device": cfg.data.batch_size,
             "grad_accum": t_cfg.gradient_accumulation_steps,

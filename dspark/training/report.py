@@ -56,7 +56,8 @@ def write_report(out: Path, results: dict, run_config: dict) -> None:
         "",
         f"Conditions: target `{c['target']}` ({c['target_dtype']}), device {c['device']} x "
         f"{c['processes']} process(es), mixed precision {c['mixed_precision']}, block size "
-        f"{c['block_size']}, {c['batch_per_device']} sequences/device/micro-step x "
+        f"{c['block_size']}, {c['batch_per_device']} "
+        f"{'packed rows' if c.get('packing') else 'sequences'}/device/micro-step x "
         f"{c['grad_accum']} accumulation, torch threads {c['torch_threads']}, "
         f"data `{run_config['data']['train']}`.",
         "",

@@ -58,7 +58,10 @@ class DataConfig:
     eval_fraction: float = 0.05
     max_eval_rows: int = 256
     max_length: int = 4096
-    batch_size: int = 4  # sequences per device per micro-step
+    # Pack several conversations per row (first-fit into rows of max_length, per-document
+    # attention and positions in target and draft): batch_size then counts packed rows.
+    packing: bool = False
+    batch_size: int = 4  # sequences (packed rows with packing) per device per micro-step
     num_workers: int = 0
     shuffle: bool = True
 
@@ -88,7 +91,9 @@ class TrainerConfig:
     epochs: float = 10.0
     max_steps: int | None = None  # overrides epochs when set
     gradient_accumulation_steps: int = 1
-    mixed_precision: str = "no"  # no | bf16 | fp16 (Accelerate's)
+    # no (fp32) | bf16 | fp16 (Accelerate's autocast, draft only: the target stays in its dtype)
+    # | auto (bf16 on CUDA with bf16 or a CPU with AVX-512-BF16 / AMX, else no)
+    mixed_precision: str = "no"
     seed: int = 0
     log_every: int = 10
     eval_every: int = 200  # optimizer steps; 0 disables periodic eval (a final eval still runs)
@@ -121,7 +126,7 @@ class DistillConfig:
 _CHOICES = {
     ("draft", "markov_head_type"): ("vanilla", "gated", "rnn"),
     ("draft", "init"): ("random", "target_layers"),
-    ("trainer", "mixed_precision"): ("no", "bf16", "fp16"),
+    ("trainer", "mixed_precision"): ("no", "bf16", "fp16", "auto"),
     ("trainer", "attention"): ("auto", "sdpa", "flex"),
     ("tracking", "backend"): ("wandb", "none"),
     ("tracking", "mode"): ("auto", "online", "offline"),

@@ -14,6 +14,7 @@ from dspark.objectives import LocalReducer
 from dspark.training.build import build_draft, build_objective_for, load_datasets, make_loader
 from dspark.training.loop import peak_memory_mb
 from dspark.training.optim import build_optimizer
+from dspark.training.precision import resolve_mixed_precision
 
 
 def _sync(device: torch.device) -> None:
@@ -27,20 +28,24 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
+    torch.manual_seed(cfg.trainer.seed)  # same draft init, anchors and batches in every run
     target, tokenizer, draft = build_draft(cfg, dev)
     objective = build_objective_for(cfg, target, draft.config)
     train_ds, _ = load_datasets(cfg, tokenizer, target, draft.config)
     loader = make_loader(train_ds, tokenizer, cfg, shuffle=False)
     optimizer = build_optimizer(draft, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
+    mixed_precision = resolve_mixed_precision(cfg.trainer.mixed_precision, dev)
     autocast = torch.autocast(
-        dev.type, dtype=torch.bfloat16, enabled=cfg.trainer.mixed_precision == "bf16"
+        dev.type,
+        dtype=torch.float16 if mixed_precision == "fp16" else torch.bfloat16,
+        enabled=mixed_precision != "no",
     )
     batches = []
     for b in loader:
         batches.append({k: v.to(dev) for k, v in b.items()})
         if len(batches) == warmup + steps:
             break
-    fwd, step, tokens = [], [], []
+    fwd, step, tokens, padded, losses = [], [], [], [], []
     for i, batch in enumerate(batches):
         _sync(dev)
         t0 = time.perf_counter()
@@ -51,6 +56,7 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
         with autocast:
             loss, _ = objective.step(draft, batch, LocalReducer())
         loss.backward()
+        losses.append(float(loss.detach()))
         torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -60,6 +66,7 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
             fwd.append(t1 - t0)
             step.append(t2 - t1)
             tokens.append(int(batch["attention_mask"].sum()))
+            padded.append(batch["attention_mask"].numel())
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     return {
         "target_forward_s": med(fwd),
@@ -67,10 +74,14 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
         "step_over_target_forward": med(step) / med(fwd),
         "train_tokens_per_s": sum(tokens) / sum(step),
         "peak_memory_mb": peak_memory_mb(dev),
+        "losses": losses,  # every step, warm-up included (same batches and anchors per run)
+        "pad_share": 1 - sum(tokens) / sum(padded),
         "conditions": {
             "target": cfg.target.name,
             "target_dtype": cfg.target.dtype,
-            "mixed_precision": cfg.trainer.mixed_precision,
+            "mixed_precision": mixed_precision,
+            "packing": bool(cfg.data.packing),
+            "max_length": cfg.data.max_length,
             "device": str(dev),
             "threads": torch.get_num_threads(),
             "batch": cfg.data.batch_size,
