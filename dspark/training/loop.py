@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from dspark.training.build import (
 from dspark.training.checkpoint import Progress, latest_checkpoint, publish_draft, save_checkpoint
 from dspark.training.optim import build_optimizer, warmup_cosine
 from dspark.training.report import write_report
+from dspark.training.sharding import check_shardable, shard_target
 from dspark.training.tracking import JsonlLog, init_tracking
 
 COUNT_METRICS = ("supervised_tokens", "blocks")
@@ -52,6 +54,20 @@ class AccelerateReducer:
         )
 
 
+def check_world_size(num_processes: int, environ=os.environ) -> None:
+    """Refuse N launched processes that each train alone (world size 1) believing they run DDP."""
+    launched = int(environ.get("WORLD_SIZE", "1"))
+    if launched != num_processes:
+        raise RuntimeError(
+            f"the launcher started WORLD_SIZE={launched} processes but Accelerate joined "
+            f"{num_processes} of them: each would train its own copy of the draft. Without "
+            "CUDA, Accelerate forms a CPU process group only with ACCELERATE_USE_CPU=true: run "
+            "`ACCELERATE_USE_CPU=true accelerate launch --config_file "
+            "conf/accelerate/cpu_ddp2.yaml train/distill.py ...`; with GPUs, check that every "
+            "process sees a device (CUDA_VISIBLE_DEVICES, --gpu_ids)."
+        )
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -71,14 +87,21 @@ def run(cfg) -> dict:
         project_dir=str(out),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+    check_world_size(accelerator.num_processes)
     set_seed(t_cfg.seed)
     main = accelerator.is_main_process
-    target, tokenizer, draft = build_draft(cfg, accelerator.device)
+    if cfg.target.shard:  # load on the host; fully_shard moves each rank's shard to its device
+        check_shardable(cfg, accelerator.num_processes)
+    load_on = torch.device("cpu") if cfg.target.shard else accelerator.device
+    target, tokenizer, draft = build_draft(cfg, load_on)
+    draft.to(accelerator.device)
     objective = build_objective_for(cfg, target, draft.config)
     with accelerator.main_process_first():
         if main:
             regenerate_if_missing(cfg, target, tokenizer)
         train_ds, eval_ds = load_datasets(cfg, tokenizer)
+    if cfg.target.shard:  # after regeneration (one rank); the draft copied embed / head already
+        shard_target(target, accelerator.device, accelerator.num_processes)
     train_dl = make_loader(train_ds, tokenizer, cfg, shuffle=cfg.data.shuffle)
     eval_dl = make_loader(eval_ds, tokenizer, cfg, shuffle=False)
 
@@ -199,6 +222,7 @@ def run(cfg) -> dict:
         "conditions": {
             "target": cfg.target.name,
             "target_dtype": cfg.target.dtype,
+            "target_sharded": bool(cfg.target.shard),
             "device": str(accelerator.device),
             "processes": accelerator.num_processes,
             "mixed_precision": t_cfg.mixed_precision,

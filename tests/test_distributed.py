@@ -1,0 +1,108 @@
+"""Multi-process runs that are really multi-process: 2 gloo ranks on this CPU.
+
+Every launched run asserts the world size it believes it runs (the worker checks Accelerate's
+process count against WORLD_SIZE and the expected count; the loop refuses a mismatch).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_DDP2 = ROOT / "conf" / "accelerate" / "cpu_ddp2.yaml"
+
+
+def free_port() -> int:
+    """A port nobody listens on now (several test sessions may share this machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env() -> dict:
+    return {
+        **os.environ,
+        "ACCELERATE_USE_CPU": "true",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+@pytest.fixture(scope="module")
+def debug_data(tmp_path_factory, tiny_target_dir):
+    """Embedded prompts answered by the tiny target itself, tokenized (the debug recipe's)."""
+    from test_training import debug_cfg
+
+    from dspark.target import load_target
+    from dspark.training.build import regenerate_if_missing
+
+    root = tmp_path_factory.mktemp("dist_data")
+    cfg = debug_cfg(root / "unused", root / "tokenized", "data.prompts_limit=24")
+    target, tok = load_target(cfg.target.name)
+    regenerate_if_missing(cfg, target, tok)
+    return root / "tokenized"
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, debug_data, tiny_target_dir):
+    """The worker on 2 gloo ranks through conf/accelerate/cpu_ddp2.yaml, and the 1-process
+    reference on the same global batch of 4 rows."""
+    from ddp_worker import grads_on_rank_share
+
+    tiny = tiny_target_dir("qwen3")
+    out = tmp_path_factory.mktemp("two_ranks") / "two.pt"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_DDP2)]
+    cmd += ["--main_process_port", str(free_port()), str(ROOT / "tests" / "ddp_worker.py")]
+    cmd += [tiny, str(debug_data), str(out), "2"]
+    proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = grads_on_rank_share(tiny, str(debug_data), world_size=1, rank=0)
+    return one, torch.load(out)
+
+
+def assert_same_step(got: dict, ref: dict) -> None:
+    assert float(got["loss"]) == pytest.approx(float(ref["loss"]), rel=1e-5)
+    assert got["grads"].keys() == ref["grads"].keys() and ref["grads"]
+    for name, g in ref["grads"].items():
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_two_process_ddp_equals_one_process_on_the_same_global_batch(two_ranks):
+    """Token-pooled normalisation: 2 ranks with uneven token counts give the 1-process loss and
+    gradients (on every rank)."""
+    one, ranks = two_ranks
+    assert len(ranks) == 2
+    for r in ranks:
+        assert r["world_size"] == 2 and r["distributed_type"] == "MULTI_CPU"
+        assert_same_step(r["ddp"], one)
+
+
+def test_per_rank_normalisation_fails_the_same_comparison(two_ranks):
+    """The comparison above has power: a reducer that normalises by each rank's own tokens
+    (DDP then averages per-rank means) gives other gradients on this uneven split."""
+    one, ranks = two_ranks
+    with pytest.raises(AssertionError):
+        assert_same_step(ranks[0]["per_rank"], one)
+
+
+def test_sharded_target_gives_the_unsharded_loss_and_gradients(two_ranks):
+    """FSDP2-sharded frozen target (each rank holds half of every decoder weight) under a DDP
+    draft: the same loss and draft gradients as one process with the whole target."""
+    one, ranks = two_ranks
+    for r in ranks:
+        assert r["sharded"]["local_fraction"] == pytest.approx(0.5, abs=0.01)
+        assert_same_step(r["sharded"], one)
+
+
+def test_the_loop_refuses_launched_processes_that_do_not_form_a_group():
+    from dspark.training.loop import check_world_size
+
+    check_world_size(2, {"WORLD_SIZE": "2"})
+    check_world_size(1, {})
+    with pytest.raises(RuntimeError, match="ACCELERATE_USE_CPU=true"):
+        check_world_size(1, {"WORLD_SIZE": "2"})
