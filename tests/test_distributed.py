@@ -4,6 +4,7 @@ Every launched run asserts the world size it believes it runs (the worker checks
 process count against WORLD_SIZE and the expected count; the loop refuses a mismatch).
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -106,3 +107,99 @@ def test_the_loop_refuses_launched_processes_that_do_not_form_a_group():
     check_world_size(1, {})
     with pytest.raises(RuntimeError, match="ACCELERATE_USE_CPU=true"):
         check_world_size(1, {"WORLD_SIZE": "2"})
+
+
+def loop_overrides(out_dir, data_dir, batch_size: int) -> list[str]:
+    """A 3-step debug run whose every step sees the same rows at any world size and whose
+    anchors are every valid position (no sampling). 20 train rows (4 of 24 held out) = 2 full
+    global batches of 10 per epoch, so step 3 starts epoch 2 (the sampler's reshuffle). A
+    partial last batch would differ on purpose: Accelerate completes it with repeated rows."""
+    return [
+        "recipe=debug",
+        f"trainer.output_dir={out_dir}",
+        f"hydra.run.dir={out_dir}/hydra",
+        f"data.train={data_dir}",
+        f"data.batch_size={batch_size}",
+        "data.eval_fraction=0.16",
+        "draft.num_anchors=512",
+        "trainer.max_steps=3",
+        "trainer.log_every=1",
+        "trainer.eval_every=0",
+        "trainer.save_every=0",
+    ]
+
+
+def one_process_losses(out_dir, data_dir) -> dict:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from test_training import losses
+
+    from dspark.training.loop import run
+    from dspark.training.schema import check, register_configs
+
+    GlobalHydra.instance().clear()
+    register_configs()
+    overrides = [o for o in loop_overrides(out_dir, data_dir, 10) if not o.startswith("hydra.")]
+    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
+        cfg = compose("config", overrides=overrides)
+    check(cfg)
+    run(cfg)
+    return losses(out_dir)
+
+
+def two_node_cmd(machine_rank: int, port: int, out_dir, data_dir, *extra: str) -> list[str]:
+    """README's multi-node command, one process per "node", both nodes on localhost."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_machines=2",
+        "--num_processes=2",
+        f"--machine_rank={machine_rank}",
+        "--main_process_ip=127.0.0.1",
+        f"--main_process_port={port}",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
+        str(ROOT / "train" / "distill.py"),
+        *loop_overrides(out_dir, data_dir, 5),
+        *extra,
+    ]
+
+
+def run_two_nodes(out_dir, data_dir, *extra: str) -> dict:
+    from test_training import losses
+
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            two_node_cmd(r, port, out_dir, data_dir, *extra),
+            env=launch_env(),
+            cwd=out_dir.parent,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    logs = [n.communicate(timeout=600)[0] for n in nodes]
+    for n, log in zip(nodes, logs):
+        assert n.returncode == 0, log[-3000:]
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["conditions"]["processes"] == 2  # the run says it ran on 2 ranks
+    return losses(out_dir)
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost_give_the_one_process_losses(tmp_path, debug_data):
+    """2 "machines" x 1 process (gloo, static rendezvous on 127.0.0.1), per-rank batch 5, give
+    the losses of one process with batch 10 at every step; and so does the same 2-node run with
+    the frozen target FSDP2-sharded through the training loop (`target.shard=true`)."""
+    one = one_process_losses(tmp_path / "one", debug_data)
+    assert sorted(one) == [1, 2, 3]
+    replicated = run_two_nodes(tmp_path / "nodes", debug_data)
+    sharded = run_two_nodes(tmp_path / "nodes_sharded", debug_data, "target.shard=true")
+    for step, loss in one.items():
+        assert replicated[step] == pytest.approx(loss, rel=1e-4), (step, replicated, one)
+        assert sharded[step] == pytest.approx(loss, rel=1e-4), (step, sharded, one)
+    assert one[3] != pytest.approx(one[1], rel=1e-3)  # the draft trained: the steps differ
