@@ -100,13 +100,57 @@ def test_sharded_target_gives_the_unsharded_loss_and_gradients(two_ranks):
         assert_same_step(r["sharded"], one)
 
 
-def test_the_loop_refuses_launched_processes_that_do_not_form_a_group():
-    from dspark.training.loop import check_world_size
+def test_the_loop_refuses_launches_that_are_not_what_they_look_like():
+    from dspark.training.loop import check_launch
 
-    check_world_size(2, {"WORLD_SIZE": "2"})
-    check_world_size(1, {})
+    check_launch(2, "MULTI_CPU", {"WORLD_SIZE": "2"})
+    check_launch(1, "NO", {})
+    check_launch(8, "FSDP", {"WORLD_SIZE": "8", "ACCELERATE_USE_FSDP": "true"})
     with pytest.raises(RuntimeError, match="ACCELERATE_USE_CPU=true"):
-        check_world_size(1, {"WORLD_SIZE": "2"})
+        check_launch(1, "NO", {"WORLD_SIZE": "2"})  # --multi_gpu on a CPU: 2 lone copies
+    with pytest.raises(RuntimeError, match="asks for FSDP but Accelerate runs MULTI_CPU"):
+        check_launch(2, "MULTI_CPU", {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"})
+
+
+def test_multi_gpu_launch_without_the_cpu_flag_is_refused_by_the_loop(tmp_path, debug_data):
+    """The trap of the issue, end to end: `--multi_gpu --num_processes 2` on a CPU starts two
+    processes of world size 1; the training loop stops both, naming the fix."""
+    env = {k: v for k, v in launch_env().items() if k != "ACCELERATE_USE_CPU"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+    cmd += ["--num_processes=2", f"--main_process_port={free_port()}", "--mixed_precision=no"]
+    cmd += ["--dynamo_backend=no", str(ROOT / "train" / "distill.py")]
+    cmd += loop_overrides(tmp_path, debug_data, 5)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "WORLD_SIZE=2" in proc.stderr and "joined 1 of them" in proc.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()  # refused before any step
+
+
+ACCELERATE_CONFIGS = sorted((ROOT / "conf" / "accelerate").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", ACCELERATE_CONFIGS, ids=lambda p: p.stem)
+def test_accelerate_configs_pass_the_launchers_own_validation(config):
+    """What can be checked without GPUs: Accelerate parses each config and builds the
+    environment its launcher would hand to every process (FSDP / DeepSpeed cannot run on a
+    CPU: Accelerate needs a device for FSDP, and deepspeed is not installed here)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(config), "train.py"])
+    args, defaults, _ = _validate_launch_command(args)
+    kind = defaults.distributed_type.value
+    assert kind in ("MULTI_GPU", "FSDP", "DEEPSPEED")
+    assert args.num_processes >= 2
+    if kind == "DEEPSPEED":
+        assert defaults.deepspeed_config["zero_stage"] == 2
+        return
+    env = prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_MIXED_PRECISION"] == defaults.mixed_precision
+    if kind == "FSDP":
+        assert env["ACCELERATE_USE_FSDP"] == "true"
+        assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD"
+        assert env["FSDP_USE_ORIG_PARAMS"] == "true"  # the draft mixes frozen and trained
 
 
 def loop_overrides(out_dir, data_dir, batch_size: int) -> list[str]:

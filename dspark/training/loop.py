@@ -54,8 +54,9 @@ class AccelerateReducer:
         )
 
 
-def check_world_size(num_processes: int, environ=os.environ) -> None:
-    """Refuse N launched processes that each train alone (world size 1) believing they run DDP."""
+def check_launch(num_processes: int, distributed_type: str, environ=os.environ) -> None:
+    """Refuse a launch that is not what it looks like: N launched processes that each train
+    alone (world size 1), or an FSDP / DeepSpeed config that Accelerate quietly ran as DDP."""
     launched = int(environ.get("WORLD_SIZE", "1"))
     if launched != num_processes:
         raise RuntimeError(
@@ -66,6 +67,15 @@ def check_world_size(num_processes: int, environ=os.environ) -> None:
             "conf/accelerate/cpu_ddp2.yaml train/distill.py ...`; with GPUs, check that every "
             "process sees a device (CUDA_VISIBLE_DEVICES, --gpu_ids)."
         )
+    for flag, kind in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")):
+        asked = environ.get(flag, "false").lower() in ("1", "true", "yes")
+        if asked and distributed_type != kind:
+            raise RuntimeError(
+                f"the launch config asks for {kind} but Accelerate runs {distributed_type} "
+                f"(ACCELERATE_USE_CPU=true turns {kind} into plain CPU data parallel, and "
+                f"{kind} needs GPUs): use conf/accelerate/cpu_ddp2.yaml on a CPU, or run the "
+                f"{kind} config on GPUs (README, 'Scale out')."
+            )
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -87,7 +97,7 @@ def run(cfg) -> dict:
         project_dir=str(out),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
-    check_world_size(accelerator.num_processes)
+    check_launch(accelerator.num_processes, accelerator.distributed_type.value)
     set_seed(t_cfg.seed)
     main = accelerator.is_main_process
     if cfg.target.shard:  # load on the host; fully_shard moves each rank's shard to its device
