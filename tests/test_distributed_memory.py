@@ -36,6 +36,10 @@ def test_sharding_divides_the_target_body_and_keeps_the_head_and_two_layers():
     assert b["sharded"]["target_weights"] == pytest.approx(by_hand)
     for part in ("draft_weights", "draft_grads", "optimizer", "activations"):
         assert b["sharded"][part] == b["replicated"][part]
+    fsdp = b["sharded+fsdp_draft"]
+    assert fsdp["optimizer"] == b["sharded"]["optimizer"] / 8
+    assert fsdp["draft_grads"] == 4 * n["draft_trainable"] / 8  # no DDP bucket copy
+    assert fsdp["total"] < b["sharded"]["total"] < b["replicated"]["total"]
     # AdamW: two fp32 moments per trainable parameter; DDP keeps a bucket copy of the grads.
     assert b["sharded"]["optimizer"] == 8 * n["draft_trainable"]
     assert b["sharded"]["draft_grads"] == 8 * n["draft_trainable"]

@@ -1,4 +1,5 @@
-"""Per-rank memory of a distillation run, by component, for a replicated or a sharded target.
+"""Per-rank memory of a distillation run, by component: replicated target, FSDP2-sharded
+target (`target.shard=true`), and sharded target + FSDP full-shard draft.
 
 Parameter counts are exact: the target and the draft are built on the `meta` device from their
 configs (no weights, no download) and counted. Activations are an analytic count of what one
@@ -121,6 +122,11 @@ def count_params(cfg, shape: RunShape) -> dict[str, int]:
         "target_layer": sum(p.numel() for p in layer0.parameters()),
         "draft_trainable": sum(p.numel() for p in draft.parameters() if p.requires_grad),
         "draft_frozen": sum(p.numel() for p in draft.parameters() if not p.requires_grad),
+        "draft_markov_and_fc": sum(
+            p.numel()
+            for name, p in draft.named_parameters()
+            if p.requires_grad and not name.startswith("layers.")
+        ),
     }
 
 
@@ -159,9 +165,19 @@ def estimate(spec: str, shape: RunShape) -> dict:
     sharded_target = (
         body / W * tb + n["target_lm_head"] * tb + 2 * n["target_layer"] * tb  # + 2 gathered
     )
+    # FSDP full-shard draft (conf/accelerate/fsdp.yaml; GPUs only): draft states / W, its
+    # grads without DDP buckets, plus one gathered draft layer (fp32) at a time.
+    draft_layer = (trainable - n["draft_markov_and_fc"]) / max(1, shape.num_hidden_layers)
+    fsdp_draft = {
+        "draft_weights": fixed["draft_weights"] / W + draft_layer * 4,
+        "draft_grads": trainable * 4 / W,
+        "optimizer": fixed["optimizer"] / W,
+        "activations": fixed["activations"],
+    }
     modes = {
         "replicated": {"target_weights": n["target"] * tb, **fixed},
         "sharded": {"target_weights": sharded_target, **fixed},
+        "sharded+fsdp_draft": {"target_weights": sharded_target, **fsdp_draft},
     }
     for m in modes.values():
         m["total"] = sum(m.values())
