@@ -271,7 +271,9 @@ def load_prompts(
 ) -> PromptSet:
     """Load and normalise a prompt source.
 
-    `source` is `embedded` (the stdlib-built default set, `split` train|test), a local
+    `source` is `embedded` (the stdlib-built default set, `split` train|test), a named preset
+    (`dspark.data.presets`: sharegpt, ultrachat, magpie, opencodeinstruct, math, gsm8k; or
+    `NAME=PATH` for a local copy of one), a local
     .json/.jsonl/.parquet/.arrow/.csv file, a `save_to_disk` directory, a data directory,
     or a hub dataset name (needs network, or the HF datasets cache when offline).
     `limit` keeps the first `limit` source rows (rejected ones included in the count).
@@ -280,6 +282,16 @@ def load_prompts(
         from dspark.data.embedded import embedded_prompts
 
         return normalize_rows(embedded_prompts(split), source=f"embedded:{split}", limit=limit)
+    from dspark.data.presets import load_preset_dataset, parse_preset
+
+    preset = parse_preset(source)  # a named public set: `ultrachat`, or `ultrachat=/local/copy`
+    if preset is not None:
+        ds = load_preset_dataset(*preset, split=split)
+        if limit is not None:
+            ds = ds.select(range(min(limit, len(ds))))
+        return normalize_rows(
+            ds, source=f"preset:{preset[0].name} ({preset[1] or preset[0].hub_id})"
+        )
     path = Path(source).expanduser()
     try:
         ds = load_raw_dataset(source, split=split, name=name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from dspark.training.checkpoint import Progress, latest_checkpoint, publish_draf
 from dspark.training.optim import build_optimizer, warmup_cosine
 from dspark.training.precision import resolve_mixed_precision
 from dspark.training.report import write_report
+from dspark.training.sharding import check_shardable, shard_target
 from dspark.training.tracking import JsonlLog, init_tracking
 
 COUNT_METRICS = ("supervised_tokens", "blocks")
@@ -53,6 +55,30 @@ class AccelerateReducer:
         )
 
 
+def check_launch(num_processes: int, distributed_type: str, environ=os.environ) -> None:
+    """Refuse a launch that is not what it looks like: N launched processes that each train
+    alone (world size 1), or an FSDP / DeepSpeed config that Accelerate quietly ran as DDP."""
+    launched = int(environ.get("WORLD_SIZE", "1"))
+    if launched != num_processes:
+        raise RuntimeError(
+            f"the launcher started WORLD_SIZE={launched} processes but Accelerate joined "
+            f"{num_processes} of them: each would train its own copy of the draft. Without "
+            "CUDA, Accelerate forms a CPU process group only with ACCELERATE_USE_CPU=true: run "
+            "`ACCELERATE_USE_CPU=true accelerate launch --config_file "
+            "conf/accelerate/cpu_ddp2.yaml train/distill.py ...`; with GPUs, check that every "
+            "process sees a device (CUDA_VISIBLE_DEVICES, --gpu_ids)."
+        )
+    for flag, kind in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")):
+        asked = environ.get(flag, "false").lower() in ("1", "true", "yes")
+        if asked and distributed_type != kind:
+            raise RuntimeError(
+                f"the launch config asks for {kind} but Accelerate runs {distributed_type} "
+                f"(ACCELERATE_USE_CPU=true turns {kind} into plain CPU data parallel, and "
+                f"{kind} needs GPUs): use conf/accelerate/cpu_ddp2.yaml on a CPU, or run the "
+                f"{kind} config on GPUs (README, 'Scale out')."
+            )
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -73,14 +99,21 @@ def run(cfg) -> dict:
         project_dir=str(out),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
+    check_launch(accelerator.num_processes, accelerator.distributed_type.value)
     set_seed(t_cfg.seed)
     main = accelerator.is_main_process
-    target, tokenizer, draft = build_draft(cfg, accelerator.device)
+    if cfg.target.shard:  # load on the host; fully_shard moves each rank's shard to its device
+        check_shardable(cfg, accelerator.num_processes)
+    load_on = torch.device("cpu") if cfg.target.shard else accelerator.device
+    target, tokenizer, draft = build_draft(cfg, load_on)
+    draft.to(accelerator.device)
     objective = build_objective_for(cfg, target, draft.config)
     with accelerator.main_process_first():
         if main:
             regenerate_if_missing(cfg, target, tokenizer)
         train_ds, eval_ds = load_datasets(cfg, tokenizer, target, draft.config)
+    if cfg.target.shard:  # after regeneration (one rank); the draft copied embed / head already
+        shard_target(target, accelerator.device, accelerator.num_processes)
     train_dl = make_loader(train_ds, tokenizer, cfg, shuffle=cfg.data.shuffle)
     eval_dl = make_loader(eval_ds, tokenizer, cfg, shuffle=False)
 
@@ -202,6 +235,7 @@ def run(cfg) -> dict:
             "target": cfg.target.name,
             "target_dtype": cfg.target.dtype,
             "features": cfg.data.features or "online",
+            "target_sharded": bool(cfg.target.shard),
             "device": str(accelerator.device),
             "processes": accelerator.num_processes,
             "mixed_precision": mixed_precision,

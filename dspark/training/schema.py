@@ -19,6 +19,7 @@ from omegaconf import MISSING
 class TargetConfig:
     name: str = "embedded"  # HF id, local dir, embedded (SmolLM2-135M) or tiny-{llama,qwen2,qwen3}
     dtype: str = "float32"  # the frozen target's own dtype: float32 | bfloat16 | float16
+    shard: bool = False  # FSDP2-shard the frozen target over all ranks (training/sharding.py)
 
 
 @dataclass
