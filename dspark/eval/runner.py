@@ -217,32 +217,7 @@ def sts_summary(records: list[DatasetRecord], block_size: int, bins: int) -> dic
     for r in records:
         for c, a, v in zip(r.confidences, r.accept_lengths, r.verify_lengths):
             per_request.append(cal.round_matrices([c], [a], [v], block_size))
-    if not per_request or not any(m[2].any() for m in per_request):
-        return None
-    held_out = len(per_request) >= 2
-
-    def stack(sel):
-        chosen = [m for i, m in enumerate(per_request) if sel(i)]
-        return tuple(np.concatenate([m[j] for m in chosen]) for j in range(3))
-
-    fit = stack(lambda i: i % 2 == 0 or not held_out)
-    test = stack(lambda i: i % 2 == 1 or not held_out)
-    temps = cal.sequential_temperature_scaling(cal.to_logits(fit[0]), fit[1], fit[2], bins)
-    conf, acc, ver = test
-    raw = cal.survival_probs(conf)[ver]
-    scaled = cal.apply_temperatures(cal.to_logits(conf), temps)[ver]
-    labels = acc[ver].astype(np.float64)
-    return {
-        "temperatures": temps,
-        "fit_requests": "even-indexed" if held_out else "all (in-sample: < 2 requests)",
-        "test_requests": "odd-indexed" if held_out else "all (in-sample)",
-        "n_test": int(labels.size),
-        "ece_before": cal.ece(raw, labels, bins),
-        "ece_after": cal.ece(scaled, labels, bins),
-        "brier_before": cal.brier(raw, labels),
-        "brier_after": cal.brier(scaled, labels),
-        "bins_after": cal.reliability_bins(scaled, labels, bins),
-    }
+    return cal.sts_split_fit(per_request, bins)
 
 
 def summarize_dataset(rec: DatasetRecord, block_size: int, cfg, has_confidence: bool) -> dict:
