@@ -121,10 +121,31 @@ def test_sps_profile_interpolates_and_tables():
 
 
 # ------------------------------------------------------------------ lossless in the decoder
-def _profile(fixed: float, per_token: float, gamma: int) -> SPSProfile:
+def _profile(fixed: float, per_token: float, gamma: int, draft_s: float | None = None):
     rows = [1, 2, 4, 8]
     widths = list(range(1, gamma + 2))
-    return SPSProfile(rows, widths, [[fixed + per_token * r * w for w in widths] for r in rows])
+    times = [[fixed + per_token * r * w for w in widths] for r in rows]
+    return SPSProfile(rows, widths, times, None if draft_s is None else [draft_s] * len(rows))
+
+
+def test_scheduler_skips_unprofitable_drafts_losslessly(tiny_target):
+    model, _ = tiny_target("qwen2")
+    vocab = model.config.vocab_size
+    prompts = prompts_for(vocab, (5, 8, 3), 43)
+    refs = [greedy_reference(model, p, 14) for p in prompts]
+    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=3)
+    for draft_s, expect_skips in ((50.0, True), (0.0, False)):
+        dec = SpeculativeDecoder(
+            model, draft, verify_policy="scheduler", sps=_profile(1.0, 0.02, 4, draft_s),
+            draft_probe_interval=3,
+        )  # fmt: skip
+        draft.decoder = dec
+        out = dec.generate(prompts, 14)
+        assert out.sequences == refs
+        skipped = [d == 0.0 and w == 1 for d, w in zip(out.round_draft_s, out.round_width)]
+        assert any(skipped) == expect_skips
+        if expect_skips:  # a probe round drafts after every 3 skipped ones
+            assert not skipped[0] and skipped[1:4] == [True] * 3 and not skipped[4]
 
 
 @pytest.mark.parametrize("batch_mode", ["ragged", "padded"])
@@ -184,16 +205,25 @@ def _confident_draft(model, prompt, markov, seed, noise=1.0):
 
 
 @pytest.mark.parametrize(
-    "markov,batch_mode", [(True, "ragged"), (False, "ragged"), (True, "padded")]
+    "markov,batch_mode,draft_s",
+    [
+        (True, "ragged", None),
+        (False, "ragged", None),
+        (True, "padded", None),
+        (True, "padded", 9.0),
+    ],
 )
-def test_scheduler_sampled_output_has_the_target_distribution(tiny_target, markov, batch_mode):
+def test_scheduler_sampled_output_has_the_target_distribution(
+    tiny_target, markov, batch_mode, draft_s
+):
     """First 4 tokens over N rows decoded together with the scheduler on vs the exact joint."""
     model, _ = tiny_target("qwen3")
     prompt = prompts_for(model.config.vocab_size, (6,), 23)[0]
     temperature, top_k, n, depth = 1.5, 3, 1500, 4
     draft = _confident_draft(model, prompt, markov, seed=9)
     # a row's extra draft costs ~ a fifth of a step: the scheduler picks mixed lengths
-    sps = SPSProfile([1, n], [1, 4], [[1.0, 1.6], [1.0 * n, 1.6 * n]])
+    drafts = None if draft_s is None else [draft_s, draft_s * n]  # 9.0: drafting never pays
+    sps = SPSProfile([1, n], [1, 4], [[1.0, 1.6], [1.0 * n, 1.6 * n]], drafts)
     dec = SpeculativeDecoder(
         model, draft, temperature=temperature, top_k=top_k, verify_policy="scheduler", sps=sps,
         scheduler_batch=batch_mode,
@@ -201,6 +231,8 @@ def test_scheduler_sampled_output_has_the_target_distribution(tiny_target, marko
     joint = _exact_joint(model, prompt, depth, temperature, top_k)
     out = dec.generate([prompt] * n, depth, seed=1234)
     first = [v[0] for v in out.verify_lengths]
+    if draft_s is not None:  # round 1 drafts, round 2 is an AR step
+        assert out.round_draft_s[1] == 0.0 and out.round_width[1] == 1
     if batch_mode == "ragged":
         assert len(set(first)) >= 2, set(first)  # requests verify different lengths
     assert any(a > 0 for accs in out.accept_lengths for a in accs)

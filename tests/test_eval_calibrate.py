@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from helpers import make_draft
 
 from dspark.config import DSparkConfig

@@ -46,7 +46,7 @@ import time
 import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
-from dspark.decoding.draft_step import propose, verify_lengths
+from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
 from dspark.decoding.output import GenerationOutput
 from dspark.decoding.sampling import sample, warp
 from dspark.decoding.scheduler import SCHEDULERS
@@ -66,6 +66,10 @@ class SpeculativeDecoder:
     the cached profile of this device, target and dtype, measured on first use).
     `calibrate`: apply the draft config's `confidence_temperatures` (STS) to c_k.
     `time_rounds`: record per-round draft / verify times (a CUDA sync at the boundary).
+    `skip_unprofitable_drafts` (scheduler only, needs draft times in the profile): when a
+    round's expected tokens/s with the draft fall below a plain AR step's, the next
+    `draft_probe_interval` rounds skip the draft and verify nothing (AR steps that still feed
+    the draft's context), then the scheduler drafts again to re-check.
     `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
     `draft=None` allows only `generate_autoregressive`.
     """
@@ -87,6 +91,8 @@ class SpeculativeDecoder:
         scheduler_batch: str = "padded",
         calibrate: bool = True,
         time_rounds: bool = True,
+        skip_unprofitable_drafts: bool = True,
+        draft_probe_interval: int = 4,
     ):
         self.target, self.draft = target, draft
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
@@ -97,6 +103,8 @@ class SpeculativeDecoder:
         self.verify_policy = verify_policy
         self.scheduler_batch = scheduler_batch
         self.time_rounds = time_rounds
+        self.skip_unprofitable_drafts = skip_unprofitable_drafts
+        self.draft_probe_interval = int(draft_probe_interval)
         self._check_policy(draft)
         self.max_length = max_length
         self.kv_bucket = kv_bucket or (128 if compile else 16)
@@ -155,6 +163,28 @@ class SpeculativeDecoder:
         else:
             return cap_t, list(cap)
         return vlen, vlen.tolist()
+
+    def _draft_pays(self, conf: list[list[float]], vlen_host: list[int], live: int) -> bool:
+        """Scheduler only: does drafting beat a plain AR step at this load? Expected tokens per
+        second with the draft (its round time + the chosen verify pass, from the profile) vs
+        `live` tokens per AR step. Uses this round's survivals (draft-only information), so
+        skipping the next rounds' drafts keeps decoding lossless."""
+        if self.verify_policy != "scheduler" or not self.skip_unprofitable_drafts:
+            return True
+        if self.sps is None or not self.sps.draft_times:
+            return True
+        tau = float(live)
+        for c, n in zip(conf, vlen_host):
+            surv = 1.0
+            for x in c[:n]:
+                surv *= x
+                tau += surv
+        if self.scheduler_batch == "ragged":
+            width = (live + sum(vlen_host)) / live
+        else:
+            width = 1 + max(vlen_host)
+        t_spec = self.sps.draft_time(live) + self.sps.step_time(live, width)
+        return tau / t_spec >= live / self.sps.step_time(live, 1)
 
     def _sync(self) -> None:
         if self.time_rounds and self.device.type == "cuda":
@@ -260,6 +290,7 @@ class SpeculativeDecoder:
         anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
         slots = torch.arange(cache.max_len, device=dev)
+        skip_left = 0  # AR rounds left before the scheduler drafts again
         while rows:
             if keep is not None:
                 apos_host = [apos_host[i] for i in keep]
@@ -271,23 +302,29 @@ class SpeculativeDecoder:
             apos = torch.tensor(apos_host, device=dev)
             ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
             ctx_valid = slots[None, :ctx_len] < apos[:, None]
-            prop = propose(
-                self.draft,
-                anchor,
-                apos,
-                ctx.view(ctx_len),
-                ctx_valid,
-                gamma=gamma,
-                mask_token_id=self.mask_token_id,
-                temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                generator=gen,
-                confidence_temperatures=self.confidence_temperatures,
-            )
-            # drafts to verify: the policy (draft-only, so lossless) and the remaining budget
             cap = [min(gamma, max_new_tokens - len(out.sequences[b]) - 1) for b in rows]
-            vlen, vlen_host = self._verify_lengths(prop, cap, live)
+            if skip_left > 0:  # the scheduler found drafting unprofitable: a plain AR step
+                skip_left -= 1
+                prop = DraftProposal(anchor.new_zeros((live, 0)), None, None)
+                vlen_host = [0] * live
+                vlen = torch.zeros(live, dtype=torch.long, device=dev)
+            else:
+                prop = propose(
+                    self.draft,
+                    anchor,
+                    apos,
+                    ctx.view(ctx_len),
+                    ctx_valid,
+                    gamma=gamma,
+                    mask_token_id=self.mask_token_id,
+                    temperature=self.temperature,
+                    top_k=self.top_k,
+                    top_p=self.top_p,
+                    generator=gen,
+                    confidence_temperatures=self.confidence_temperatures,
+                )
+                # drafts to verify: the policy (draft-only, so lossless) and the budget
+                vlen, vlen_host = self._verify_lengths(prop, cap, live)
             self._sync()
             t_verify = time.perf_counter()
             n_ver = max(vlen_host)
@@ -301,15 +338,17 @@ class SpeculativeDecoder:
                 n_acc, nxt = verify_greedy(drafts, logits.argmax(-1), vlen)
             else:
                 p = warp(logits, self.temperature, self.top_k, self.top_p)
-                n_acc, nxt = verify_sampled(drafts, prop.q[:, :n_ver], p, vlen, gen)
+                q = prop.q[:, :n_ver] if prop.q is not None else p[:, :0]
+                n_acc, nxt = verify_sampled(drafts, q, p, vlen, gen)
             ctx.write(self.draft.context_kv(self.draft.encode_context(taps), pos), pos, start)
             # the one host sync of the round: accept counts, next tokens, drafts
             host = torch.cat([n_acc[:, None], nxt[:, None], drafts], dim=1).tolist()
             conf = prop.confidence[:, :n_ver].tolist() if prop.confidence is not None else None
             t_end = time.perf_counter()
-            out.record_round(
-                t_verify - t_round, t_end - t_verify, live, live + sum(vlen_host), n_ver + 1
-            )
+            draft_s = t_verify - t_round if prop.tokens.shape[1] else 0.0  # 0: skipped
+            out.record_round(draft_s, t_end - t_verify, live, live + sum(vlen_host), n_ver + 1)
+            if conf is not None and not self._draft_pays(conf, vlen_host, live):
+                skip_left = self.draft_probe_interval
             for i, b in enumerate(rows):
                 a, t = host[i][0], host[i][1]
                 out.accept_lengths[b].append(a)
