@@ -161,6 +161,9 @@ class DSparkConfig(PretrainedConfig):
     # silently collapses acceptance for our anchor-first drafts: always written, always true.
     sample_from_anchor: bool = True
     layer_types: list[str] | None = None
+    # STS temperatures T_k of the confidence head, k = 1..block_size (method doc section 4):
+    # c_k = sigmoid(z_k / T_k); written by eval/calibrate.py, applied by the decoder. None: raw.
+    confidence_temperatures: list[float] | None = None
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -213,6 +216,12 @@ class DSparkConfig(PretrainedConfig):
             )
         if int(self.num_anchors) < 1:
             raise ValueError(f"num_anchors must be >= 1 (got {self.num_anchors})")
+        temps = self.confidence_temperatures
+        if temps is not None and (len(temps) < int(self.block_size) or min(temps) <= 0):
+            raise ValueError(
+                f"confidence_temperatures needs {self.block_size} positive values, got {temps}; "
+                "refit them with eval/calibrate.py or drop the key"
+            )
         if (
             self.enable_confidence_head
             and self.confidence_head_with_markov

@@ -84,6 +84,16 @@ def test_script_end_to_end(tiny_target, tmp_path, bench_dir):
     assert tiny["calibration"]["conditional"]["ece"] is not None
     assert res["datasets"]["embedded"]["requests"] == 2
     assert res["sts"]["temperatures"] and len(res["sts"]["temperatures"]) == 3
+    mon = tiny["monitoring"]
+    assert mon["speculative"]["rounds"] == acc["rounds"]  # one timed draft/verify pair a round
+    assert (
+        mon["speculative"]["draft_ms_per_round"] > 0
+        and mon["speculative"]["verify_ms_per_round"] > 0
+    )
+    assert mon["speculative"]["draft_over_verify"] == pytest.approx(
+        mon["speculative"]["draft_ms_per_round"] / mon["speculative"]["verify_ms_per_round"]
+    )
+    assert mon["autoregressive"]["draft_ms_per_round"] == 0
     for png in ("acceptance_per_position.png", "speedup.png", "reliability.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
@@ -91,7 +101,8 @@ def test_script_end_to_end(tiny_target, tmp_path, bench_dir):
     assert sum(len(r["accept_lengths"]) for r in rounds[:3]) == acc["rounds"]
     report = (out / "report.md").read_text()
     for heading in ("## Acceptance", "## Conditional acceptance", "## Survival", "## Speed",
-                    "## Versus transformers", "## Confidence calibration"):  # fmt: skip
+                    "## Versus transformers", "## Confidence calibration",
+                    "## Draft vs verify"):  # fmt: skip
         assert heading in report
     # every table states its conditions
     tables = report.split("\n## ")[1:]

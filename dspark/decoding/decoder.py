@@ -16,8 +16,22 @@ requests advance by their own acceptance lengths with no leakage. A request that
 cost only what the live requests need (both decoders do this, keeping the comparison fair).
 Host syncs: one small device->host copy per round (accept counts and tokens, needed for
 EOS / budget bookkeeping), plus one more with a confidence threshold (the verify length).
-Verify length per request = min(gamma, threshold prefix, remaining budget - 1); the verify
-pass runs the longest of them (rows with shorter ones ignore the extra drafts).
+Verify policies (`verify_policy`), each decided from the draft alone, never from the target,
+so decoding stays lossless:
+- `full`: every request verifies min(gamma, remaining budget - 1) drafts;
+- `threshold`: the longest prefix whose survival prod c_i >= `confidence_threshold` (>= 1);
+- `scheduler`: the prefix scheduler (paper Algorithm 1, scheduler.py) over the survivals and
+  the device's SPS(B) profile (sps.py; measured at start-up and cached when not given).
+  `scheduler_batch="padded"` (default) prices what this decoder runs, one padded
+  `[R, 1 + L]` pass, and admits whole depths; `"ragged"` is the published per-slot algorithm
+  with B = sum(1 + l_r): rows then verify their own l_r inside a pass padded to max l_r, so
+  the pass computes `R * (1 + max l_r)` tokens while the scheduler priced B (both recorded
+  per round in `round_tokens` / `round_width`). Rows never verify the padding's free drafts
+  under `ragged`: whether another row reaches depth j can depend on this row's a_{j+1},
+  i.e. on its x_j, which would make the choice anticipating (scheduler.py).
+The draft's STS temperatures (`confidence_temperatures` in its config) calibrate c_k first.
+The verify pass runs the longest verify length (rows with shorter ones ignore the extra
+drafts).
 `compile=True` wraps the target's layer loop in `torch.compile(dynamic=True)` (checked on
 CPU with a tiny target: ~2 min first compile, identical output; meant for GPUs).
 Measured on a shared 2-core CPU with SmolLM2-135M (fp32, 1 thread): the AR baseline here
@@ -32,9 +46,10 @@ import time
 import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
-from dspark.decoding.draft_step import propose, verify_lengths
+from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
 from dspark.decoding.output import GenerationOutput
 from dspark.decoding.sampling import sample, sample_per_row, warp
+from dspark.decoding.scheduler import SCHEDULERS
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import verify_greedy, verify_sampled
 
@@ -44,8 +59,17 @@ class SpeculativeDecoder:
 
     `temperature=0` is greedy (output == plain greedy decoding token for token); otherwise
     the output is distributed exactly as the target's warped distribution (temperature,
-    `top_k` > 0, `top_p` < 1). `confidence_threshold` (None = off) verifies, per request, the
-    longest draft prefix whose survival prod c_i >= threshold (at least one draft).
+    `top_k` > 0, `top_p` < 1). `verify_policy`: `full | threshold | scheduler` (module
+    docstring); None picks `threshold` when `confidence_threshold` is set, else `full`.
+    `confidence_threshold` verifies, per request, the longest draft prefix whose survival
+    prod c_i >= threshold (at least one draft). `sps`: the scheduler's `SPSProfile` (None:
+    the cached profile of this device, target and dtype, measured on first use).
+    `calibrate`: apply the draft config's `confidence_temperatures` (STS) to c_k.
+    `time_rounds`: record per-round draft / verify times (a CUDA sync at the boundary).
+    `skip_unprofitable_drafts` (scheduler only, needs draft times in the profile): when a
+    round's expected tokens/s with the draft fall below a plain AR step's, the next
+    `draft_probe_interval` rounds skip the draft and verify nothing (AR steps that still feed
+    the draft's context), then the scheduler drafts again to re-check.
     `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
     `draft=None` allows only `generate_autoregressive`.
     """
@@ -62,10 +86,26 @@ class SpeculativeDecoder:
         max_length: int = 2048,
         compile: bool = False,
         kv_bucket: int | None = None,
+        verify_policy: str | None = None,
+        sps=None,
+        scheduler_batch: str = "padded",
+        calibrate: bool = True,
+        time_rounds: bool = True,
+        skip_unprofitable_drafts: bool = True,
+        draft_probe_interval: int = 4,
     ):
         self.target, self.draft = target, draft
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
         self.confidence_threshold = confidence_threshold
+        if verify_policy is None:  # a threshold without a confidence head verifies the block
+            has_conf = getattr(draft, "confidence_head", None) is not None
+            verify_policy = "threshold" if confidence_threshold is not None and has_conf else "full"
+        self.verify_policy = verify_policy
+        self.scheduler_batch = scheduler_batch
+        self.time_rounds = time_rounds
+        self.skip_unprofitable_drafts = skip_unprofitable_drafts
+        self.draft_probe_interval = int(draft_probe_interval)
+        self._check_policy(draft)
         self.max_length = max_length
         self.kv_bucket = kv_bucket or (128 if compile else 16)
         taps = list(draft.config.target_layer_ids) if draft is not None else []
@@ -73,6 +113,17 @@ class SpeculativeDecoder:
         self.mask_token_id = int(draft.config.mask_token_id) if draft is not None else 0
         self.runner = TargetRunner(target, taps)
         self.device = next(target.parameters()).device
+        temps = getattr(draft.config, "confidence_temperatures", None) if draft else None
+        self.confidence_temperatures = (
+            torch.tensor(temps, dtype=torch.float32, device=self.device)
+            if calibrate and temps
+            else None
+        )
+        self.sps = sps
+        if verify_policy == "scheduler" and sps is None:
+            from dspark.decoding.sps import load_or_measure
+
+            self.sps = load_or_measure(target, draft, gamma=self.gamma)
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
         self.live_rows: list[int] = []  # request index of each live batch row (introspection)
@@ -84,6 +135,64 @@ class SpeculativeDecoder:
             self.runner.compile(dynamic=True)
 
     # ----------------------------------------------------------------- helpers
+    def _check_policy(self, draft) -> None:
+        policies = ("full", "threshold", "scheduler")
+        if self.verify_policy not in policies:
+            raise ValueError(f"verify_policy={self.verify_policy!r}; use one of {policies}")
+        if self.scheduler_batch not in SCHEDULERS:
+            raise ValueError(
+                f"scheduler_batch={self.scheduler_batch!r}; use one of {tuple(SCHEDULERS)}"
+            )
+        if self.verify_policy == "threshold" and self.confidence_threshold is None:
+            raise ValueError("verify_policy='threshold' needs confidence_threshold=<0..1>")
+        needs_conf = self.verify_policy in ("threshold", "scheduler")
+        if needs_conf and draft is not None and getattr(draft, "confidence_head", None) is None:
+            raise ValueError(
+                f"verify_policy={self.verify_policy!r} ranks drafts by confidence but this "
+                "draft has no confidence head; use verify_policy='full'"
+            )
+
+    def _verify_lengths(self, prop, cap: list[int], live: int) -> tuple[torch.Tensor, list[int]]:
+        """Drafts each live row verifies (device tensor and host list): one host sync."""
+        dev = self.device
+        cap_t = torch.tensor(cap, device=dev)
+        if self.verify_policy == "threshold" and prop.confidence is not None:
+            vlen = verify_lengths(prop.confidence, self.confidence_threshold, self.gamma, live, dev)
+            vlen = torch.minimum(vlen, cap_t)
+        elif self.verify_policy == "scheduler" and prop.confidence is not None:
+            table = self.sps.table(live, self.gamma, dev)
+            survival = prop.confidence.cumprod(dim=1)
+            vlen = SCHEDULERS[self.scheduler_batch](survival, table, cap_t)
+        else:
+            return cap_t, list(cap)
+        return vlen, vlen.tolist()
+
+    def _draft_pays(self, conf: list[list[float]], vlen_host: list[int], live: int) -> bool:
+        """Scheduler only: does drafting beat a plain AR step at this load? Expected tokens per
+        second with the draft (its round time + the chosen verify pass, from the profile) vs
+        `live` tokens per AR step. Uses this round's survivals (draft-only information), so
+        skipping the next rounds' drafts keeps decoding lossless."""
+        if self.verify_policy != "scheduler" or not self.skip_unprofitable_drafts:
+            return True
+        if self.sps is None or not self.sps.draft_times:
+            return True
+        tau = float(live)
+        for c, n in zip(conf, vlen_host):
+            surv = 1.0
+            for x in c[:n]:
+                surv *= x
+                tau += surv
+        if self.scheduler_batch == "ragged":
+            width = (live + sum(vlen_host)) / live
+        else:
+            width = 1 + max(vlen_host)
+        t_spec = self.sps.draft_time(live) + self.sps.step_time(live, width)
+        return tau / t_spec >= live / self.sps.step_time(live, 1)
+
+    def _sync(self) -> None:
+        if self.time_rounds and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
@@ -178,15 +287,18 @@ class SpeculativeDecoder:
         gamma, dev = self.gamma, self.device
         first, lens, cache, ctx = self._prefill(input_ids, max_new_tokens, True, gen)
         first_host = first.tolist()
+        out.prefill_s = time.perf_counter() - t0
         done = [
             self._append(out.sequences[b], [first_host[b]], max_new_tokens, eos) for b in range(bsz)
         ]
+        self._stamp(out, range(bsz), done, t0)
         rows, apos_host = list(range(bsz)), list(lens)  # request of each live batch row
         self.last_caches = {}
         keep, cache, ctx = self._retire(rows, done, cache, ctx)
         anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
         slots = torch.arange(cache.max_len, device=dev)
+        skip_left = 0  # AR rounds left before the scheduler drafts again
         while rows:
             if keep is not None:
                 apos_host = [apos_host[i] for i in keep]
@@ -194,31 +306,35 @@ class SpeculativeDecoder:
                 if not rows:
                     break
             live, self.live_rows = len(rows), rows
+            t_round = time.perf_counter()
             apos = torch.tensor(apos_host, device=dev)
             ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
             ctx_valid = slots[None, :ctx_len] < apos[:, None]
-            prop = propose(
-                self.draft,
-                anchor,
-                apos,
-                ctx.view(ctx_len),
-                ctx_valid,
-                gamma=gamma,
-                mask_token_id=self.mask_token_id,
-                temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-                generator=gen,
-            )
-            # drafts to verify: threshold (draft-only, so lossless) and the remaining budget
             cap = [min(gamma, max_new_tokens - len(out.sequences[b]) - 1) for b in rows]
-            if self.confidence_threshold is not None and prop.confidence is not None:
-                vlen = verify_lengths(prop.confidence, self.confidence_threshold, gamma, live, dev)
-                vlen = torch.minimum(vlen, torch.tensor(cap, device=dev))
-                vlen_host = vlen.tolist()
+            if skip_left > 0:  # the scheduler found drafting unprofitable: a plain AR step
+                skip_left -= 1
+                prop = DraftProposal(anchor.new_zeros((live, 0)), None, None)
+                vlen_host = [0] * live
+                vlen = torch.zeros(live, dtype=torch.long, device=dev)
             else:
-                vlen_host = cap
-                vlen = torch.tensor(cap, device=dev)
+                prop = propose(
+                    self.draft,
+                    anchor,
+                    apos,
+                    ctx.view(ctx_len),
+                    ctx_valid,
+                    gamma=gamma,
+                    mask_token_id=self.mask_token_id,
+                    temperature=self.temperature,
+                    top_k=self.top_k,
+                    top_p=self.top_p,
+                    generator=gen,
+                    confidence_temperatures=self.confidence_temperatures,
+                )
+                # drafts to verify: the policy (draft-only, so lossless) and the budget
+                vlen, vlen_host = self._verify_lengths(prop, cap, live)
+            self._sync()
+            t_verify = time.perf_counter()
             n_ver = max(vlen_host)
             drafts = prop.tokens[:, :n_ver]
             ids = torch.cat([anchor[:, None], drafts], dim=1)
@@ -230,11 +346,17 @@ class SpeculativeDecoder:
                 n_acc, nxt = verify_greedy(drafts, logits.argmax(-1), vlen)
             else:
                 p = warp(logits, self.temperature, self.top_k, self.top_p)
-                n_acc, nxt = verify_sampled(drafts, prop.q[:, :n_ver], p, vlen, gen)
+                q = prop.q[:, :n_ver] if prop.q is not None else p[:, :0]
+                n_acc, nxt = verify_sampled(drafts, q, p, vlen, gen)
             ctx.write(self.draft.context_kv(self.draft.encode_context(taps), pos), pos, start)
             # the one host sync of the round: accept counts, next tokens, drafts
             host = torch.cat([n_acc[:, None], nxt[:, None], drafts], dim=1).tolist()
             conf = prop.confidence[:, :n_ver].tolist() if prop.confidence is not None else None
+            t_end = time.perf_counter()
+            draft_s = t_verify - t_round if prop.tokens.shape[1] else 0.0  # 0: skipped
+            out.record_round(draft_s, t_end - t_verify, live, live + sum(vlen_host), n_ver + 1)
+            if conf is not None and not self._draft_pays(conf, vlen_host, live):
+                skip_left = self.draft_probe_interval
             for i, b in enumerate(rows):
                 a, t = host[i][0], host[i][1]
                 out.accept_lengths[b].append(a)
@@ -244,6 +366,7 @@ class SpeculativeDecoder:
                     out.sequences[b], host[i][2 : 2 + a] + [t], max_new_tokens, eos
                 )
                 apos_host[i] += a + 1
+            self._stamp(out, rows, done, t0)
             keep, cache, ctx = self._retire(rows, done, cache, ctx)
             anchor = nxt[keep] if keep is not None else nxt
         return self._finish(out, t0)
@@ -274,7 +397,9 @@ class SpeculativeDecoder:
         gen = list(generators) if generators is not None else self._generator(seed)
         tok, lens, cache, _ = self._prefill(input_ids, max_new_tokens, False, gen)
         host = tok.tolist()
+        out.prefill_s = time.perf_counter() - t0
         done = [self._append(out.sequences[b], [host[b]], max_new_tokens, eos) for b in range(bsz)]
+        self._stamp(out, range(bsz), done, t0)
         rows, apos_host = list(range(bsz)), list(lens)
         rounds = [0] * bsz
         self.last_caches = {}
@@ -287,16 +412,19 @@ class SpeculativeDecoder:
                     gen = [gen[i] for i in keep]
             if not rows:
                 break
+            t_step = time.perf_counter()
             pos = torch.tensor(apos_host, device=self.device)[:, None]
             start = apos_host[0] if len(set(apos_host)) == 1 else None
             kv_len = bucket(max(apos_host) + 1, self.kv_bucket, cache.max_len)
             logits, _ = self.runner.forward(tok[:, None], pos, cache, kv_len, start=start)
             tok = self._pick(logits[:, 0], gen)
             host = tok.tolist()
+            out.record_round(0.0, time.perf_counter() - t_step, len(rows), len(rows), 1)
             for i, b in enumerate(rows):
                 rounds[b] += 1
                 done[b] = self._append(out.sequences[b], [host[i]], max_new_tokens, eos)
                 apos_host[i] += 1
+            self._stamp(out, rows, done, t0)
         out.num_rounds = rounds
         return self._finish(out, t0, keep_rounds=True)
 
@@ -321,6 +449,15 @@ class SpeculativeDecoder:
             cache = cache.select(index)
             ctx = ctx.select(index) if ctx is not None else None
         return keep, cache, ctx
+
+    @staticmethod
+    def _stamp(out: GenerationOutput, rows, done: list[bool], t0: float) -> None:
+        """Set `finish_s` of the requests among `rows` that have just finished."""
+        now = None
+        for b in rows:
+            if done[b] and not out.finish_s[b]:
+                now = now or time.perf_counter() - t0
+                out.finish_s[b] = now
 
     def _generator(self, seed: int | None):
         if seed is None:

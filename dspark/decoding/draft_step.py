@@ -35,8 +35,12 @@ def propose(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    confidence_temperatures: torch.Tensor | None = None,
 ) -> DraftProposal:
-    """Draft `gamma` tokens after `anchor [B]` sitting at `anchor_pos [B]`."""
+    """Draft `gamma` tokens after `anchor [B]` sitting at `anchor_pos [B]`.
+
+    `confidence_temperatures [>= gamma]` (STS, method doc section 4): c_k = sigmoid(z_k / T_k).
+    """
     bsz = anchor.shape[0]
     steps = torch.arange(gamma, device=anchor.device)
     block = torch.full((bsz, gamma), mask_token_id, dtype=torch.long, device=anchor.device)
@@ -52,7 +56,7 @@ def propose(
         conf = None
         if conf_head is not None:
             conf = conf_head(h.reshape(bsz * gamma, -1), None)
-            conf = torch.sigmoid(conf.float()).reshape(bsz, gamma)
+            conf = _calibrated(conf.float().reshape(bsz, gamma), confidence_temperatures)
         return DraftProposal(tokens, q, conf)
     state = head.init_state(bsz)
     prev = anchor
@@ -78,12 +82,19 @@ def propose(
     if conf_head is not None:  # one call for all slots, after the serial loop
         flat_feat = torch.stack(feats, 1).reshape(bsz * gamma, -1)
         conf = conf_head(h.reshape(bsz * gamma, -1), flat_feat)
-        conf = torch.sigmoid(conf.float()).reshape(bsz, gamma)
+        conf = _calibrated(conf.float().reshape(bsz, gamma), confidence_temperatures)
     return DraftProposal(
         torch.stack(tokens, 1),
         None if greedy else torch.stack(qs, 1),
         conf,
     )
+
+
+def _calibrated(logits: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
+    """sigmoid(z_k / T_k) over `logits [B, gamma]` (plain sigmoid without temperatures)."""
+    if temperatures is not None:
+        logits = logits / temperatures[: logits.shape[1]].to(logits)
+    return torch.sigmoid(logits)
 
 
 class _GreedyPruner:

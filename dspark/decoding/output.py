@@ -18,10 +18,21 @@ class GenerationOutput:
     - `verify_lengths: list[list[int]]` per request, per round, how many drafts L were sent to
       the target for verification (gamma without a confidence threshold).
     - `confidences: list[list[list[float]]]` per request, per round, the confidence c_k of each
-      verified draft (length L); an empty list per round when the draft has no confidence head.
+      verified draft (length L) as the verify policy saw it (after the draft's STS temperatures
+      when the decoder applies them); an empty list per round without a confidence head.
     - `num_rounds: list[int]` verify rounds per request (AR: decode steps after the prefill).
     - `new_tokens: list[int]` `len(sequences[i])`.
     - `wall_time_s: float` wall-clock time of the whole call (prefill included).
+    - `prefill_s: float` the prefill's share of it; `finish_s: list[float]` per request, the
+      time from the call's start until its last token was committed.
+    - per round of the batch (monitoring; one entry per verify round / AR step):
+      `round_draft_s` draft phase (block pass, Markov loop, verify-length policy),
+      `round_verify_s` verify phase (target pass, acceptance, draft-context write, the host
+      copy), `round_rows` live requests, `round_tokens` verify tokens the policy priced
+      (sum over rows of 1 + L_r), `round_width` the padded verify width (1 + max L_r; the
+      pass computes `round_rows * round_width` tokens). AR: draft 0, width 1.
+      Phases are timed with `perf_counter` on the host; on CUDA the decoder synchronises at
+      the draft/verify boundary only when `time_rounds` is on.
 
     The first generated token comes from the prefill pass (as in plain decoding), so
     `new_tokens[i] == 1 + sum(accept_lengths[i]) + num_rounds[i]`, up to a final round cut by
@@ -40,11 +51,44 @@ class GenerationOutput:
     num_rounds: list[int] = field(default_factory=list)
     new_tokens: list[int] = field(default_factory=list)
     wall_time_s: float = 0.0
+    prefill_s: float = 0.0
+    finish_s: list[float] = field(default_factory=list)
+    round_draft_s: list[float] = field(default_factory=list)
+    round_verify_s: list[float] = field(default_factory=list)
+    round_rows: list[int] = field(default_factory=list)
+    round_tokens: list[int] = field(default_factory=list)
+    round_width: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, batch: int) -> GenerationOutput:
         """An output with one empty record per request, filled round by round."""
-        return cls(*([[] for _ in range(batch)] for _ in range(4)))
+        out = cls(*([[] for _ in range(batch)] for _ in range(4)))
+        out.finish_s = [0.0] * batch
+        return out
+
+    def record_round(self, draft_s: float, verify_s: float, rows: int, tokens: int, width: int):
+        self.round_draft_s.append(draft_s)
+        self.round_verify_s.append(verify_s)
+        self.round_rows.append(rows)
+        self.round_tokens.append(tokens)
+        self.round_width.append(width)
+
+    def timing_summary(self) -> dict:
+        """Totals and per-round means of the draft / verify phases (seconds, tokens)."""
+        n = len(self.round_verify_s)
+        draft, verify = sum(self.round_draft_s), sum(self.round_verify_s)
+        padded = sum(r * w for r, w in zip(self.round_rows, self.round_width))
+        return {
+            "rounds": n,
+            "draft_s": draft,
+            "verify_s": verify,
+            "draft_ms_per_round": 1e3 * draft / n if n else None,
+            "verify_ms_per_round": 1e3 * verify / n if n else None,
+            "draft_over_verify": draft / verify if verify > 0 else None,
+            "verify_tokens_per_round": sum(self.round_tokens) / n if n else None,
+            "padded_tokens_per_round": padded / n if n else None,
+            "other_s": max(0.0, self.wall_time_s - self.prefill_s - draft - verify),
+        }
 
     @property
     def tau(self) -> float:

@@ -185,3 +185,40 @@ def sequential_temperature_scaling(
         temps.append(best_t)
         prefix = prefix / (1.0 + np.exp(-zk / best_t))
     return temps
+
+
+def sts_split_fit(per_request: list[tuple], n_bins: int = DEFAULT_BINS) -> dict | None:
+    """Fit STS on even-indexed requests, score survival ECE / Brier on the odd ones.
+
+    `per_request`: one `round_matrices(...)` triple per request (raw confidences). With fewer
+    than two requests the fit is scored in-sample (and says so). None without any data.
+    """
+    if not per_request or not any(m[2].any() for m in per_request):
+        return None
+    held_out = len(per_request) >= 2
+
+    def stack(sel):
+        chosen = [m for i, m in enumerate(per_request) if sel(i)]
+        return tuple(np.concatenate([m[j] for m in chosen]) for j in range(3))
+
+    fit = stack(lambda i: i % 2 == 0 or not held_out)
+    test = stack(lambda i: i % 2 == 1 or not held_out)
+    temps = sequential_temperature_scaling(to_logits(fit[0]), fit[1], fit[2], n_bins)
+    conf, acc, ver = test
+    raw = survival_probs(conf)[ver]
+    scaled = apply_temperatures(to_logits(conf), temps)[ver]
+    labels = acc[ver].astype(np.float64)
+    return {
+        "temperatures": temps,
+        "fit_requests": "even-indexed" if held_out else "all (in-sample: < 2 requests)",
+        "test_requests": "odd-indexed" if held_out else "all (in-sample)",
+        "n_test": int(labels.size),
+        "ece_before": ece(raw, labels, n_bins),
+        "ece_after": ece(scaled, labels, n_bins),
+        "brier_before": brier(raw, labels),
+        "brier_after": brier(scaled, labels),
+        "auroc_before": auroc(raw, labels),
+        "auroc_after": auroc(scaled, labels),
+        "bins_before": reliability_bins(raw, labels, n_bins),
+        "bins_after": reliability_bins(scaled, labels, n_bins),
+    }

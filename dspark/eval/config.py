@@ -54,7 +54,11 @@ class BenchmarkConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
-    confidence_threshold: float | None = None  # null: verify the whole block
+    confidence_threshold: float | None = None  # with verify_policy=threshold (or null policy)
+    # full | threshold | scheduler; null: threshold when confidence_threshold is set, else full
+    verify_policy: str | None = None
+    scheduler_batch: str = "padded"  # padded | ragged: how the scheduler prices a verify pass
+    calibrate: bool = True  # apply the draft's confidence_temperatures (STS) when it has them
     batch_size: int = 1  # requests per decoder call (transformers baselines are always 1)
     warmup: int = 1  # untimed warm-up calls per decoder before the first dataset
     seed: int = 0

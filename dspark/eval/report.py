@@ -39,11 +39,17 @@ def _where(c: dict) -> str:
 def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
     c = results["conditions"]
     ds = results["datasets"]
-    verify = (
-        "full block"
-        if c["confidence_threshold"] is None
-        else f"confidence threshold {c['confidence_threshold']}"
+    policy = c.get("verify_policy") or (
+        "full" if c["confidence_threshold"] is None else "threshold"
     )
+    verify = {
+        "full": "full block",
+        "threshold": f"confidence threshold {c['confidence_threshold']}",
+        "scheduler": f"prefix scheduler ({c.get('scheduler_batch', 'padded')} pricing)",
+    }[policy]
+    if c.get("confidence_temperatures"):
+        verify += ", STS-calibrated confidences"
+
     base_cond = (
         f"target `{c['target']}`, draft `{c['draft']}`, block size {c['block_size']}, "
         f"{_sampling(c)}, batch {c['batch_size']}, max_new_tokens "
@@ -155,6 +161,51 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
         ["dataset", "AR tok/s", "spec tok/s", "speedup", "tau", "efficiency", "output == AR (T=0)"],
         rows,
     )
+
+    mon = [(name, d["monitoring"]) for name, d in ds.items() if d.get("monitoring")]
+    if mon:
+        out += [
+            "",
+            "## Draft vs verify time per round (monitoring)",
+            "",
+            f"Conditions: {base_cond}; {_where(c)}. Per round of a batch: draft = block pass + "
+            "Markov loop + verify-length policy; verify = target pass + acceptance + draft "
+            "context write + the host copy (AR: one decode step). draft/verify above ~0.3 "
+            "means the draft, not the target, limits the speedup. Verify tokens = tokens the "
+            "policy priced (sum of 1 + L per request); padded = what the padded pass computed.",
+            "",
+        ]
+        rows = []
+        for name, m in mon:
+            for method in ("speculative", "autoregressive"):
+                if method not in m:
+                    continue
+                x = m[method]
+                rows.append(
+                    [
+                        name,
+                        method,
+                        str(x["rounds"]),
+                        _f(x["draft_ms_per_round"], 1),
+                        _f(x["verify_ms_per_round"], 1),
+                        _f(x["draft_over_verify"]),
+                        _f(x["verify_tokens_per_round"], 1),
+                        _f(x["padded_tokens_per_round"], 1),
+                    ]
+                )
+        out += _table(
+            [
+                "dataset",
+                "decoder",
+                "rounds",
+                "draft ms",
+                "verify ms",
+                "draft/verify",
+                "verify tok/round",
+                "padded tok/round",
+            ],
+            rows,
+        )
 
     if c["baselines"]:
         assistant = (

@@ -54,9 +54,21 @@ class DatasetRecord:
     matches: list[bool] = field(default_factory=list)  # speculative == autoregressive (T = 0)
     hf_matches: list[bool] = field(default_factory=list)  # hf_generate == autoregressive
     timers: dict[str, Timer] = field(default_factory=dict)
+    phases: dict[str, dict] = field(default_factory=dict)  # per decoder: summed round timings
 
     def timer(self, name: str) -> Timer:
         return self.timers.setdefault(name, Timer())
+
+    def add_phases(self, name: str, out) -> None:
+        """Sum a GenerationOutput's per-round draft / verify timings under `name`."""
+        acc = self.phases.setdefault(
+            name, {"rounds": 0, "draft_s": 0.0, "verify_s": 0.0, "tokens": 0, "padded": 0}
+        )
+        acc["rounds"] += len(out.round_verify_s)
+        acc["draft_s"] += sum(out.round_draft_s)
+        acc["verify_s"] += sum(out.round_verify_s)
+        acc["tokens"] += sum(out.round_tokens)
+        acc["padded"] += sum(r * w for r, w in zip(out.round_rows, out.round_width))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -153,6 +165,8 @@ class Bench:
                 sp, t_sp = self._ours("generate", chunk, seed, cfg.max_new_tokens)
                 rec.timer("autoregressive").add(sum(len(s) for s in ar.sequences), t_ar)
                 rec.timer("speculative").add(sum(len(s) for s in sp.sequences), t_sp)
+                rec.add_phases("autoregressive", ar)
+                rec.add_phases("speculative", sp)
                 rec.prompt_tokens += [len(p) for p in chunk]
                 rec.accept_lengths += [list(a) for a in sp.accept_lengths]
                 rec.verify_lengths += [list(v) for v in sp.verify_lengths]
@@ -217,31 +231,19 @@ def sts_summary(records: list[DatasetRecord], block_size: int, bins: int) -> dic
     for r in records:
         for c, a, v in zip(r.confidences, r.accept_lengths, r.verify_lengths):
             per_request.append(cal.round_matrices([c], [a], [v], block_size))
-    if not per_request or not any(m[2].any() for m in per_request):
-        return None
-    held_out = len(per_request) >= 2
+    return cal.sts_split_fit(per_request, bins)
 
-    def stack(sel):
-        chosen = [m for i, m in enumerate(per_request) if sel(i)]
-        return tuple(np.concatenate([m[j] for m in chosen]) for j in range(3))
 
-    fit = stack(lambda i: i % 2 == 0 or not held_out)
-    test = stack(lambda i: i % 2 == 1 or not held_out)
-    temps = cal.sequential_temperature_scaling(cal.to_logits(fit[0]), fit[1], fit[2], bins)
-    conf, acc, ver = test
-    raw = cal.survival_probs(conf)[ver]
-    scaled = cal.apply_temperatures(cal.to_logits(conf), temps)[ver]
-    labels = acc[ver].astype(np.float64)
+def phase_summary(acc: dict) -> dict:
+    """Per-round means of summed draft / verify timings (the monitoring block)."""
+    n = acc["rounds"]
     return {
-        "temperatures": temps,
-        "fit_requests": "even-indexed" if held_out else "all (in-sample: < 2 requests)",
-        "test_requests": "odd-indexed" if held_out else "all (in-sample)",
-        "n_test": int(labels.size),
-        "ece_before": cal.ece(raw, labels, bins),
-        "ece_after": cal.ece(scaled, labels, bins),
-        "brier_before": cal.brier(raw, labels),
-        "brier_after": cal.brier(scaled, labels),
-        "bins_after": cal.reliability_bins(scaled, labels, bins),
+        "rounds": n,
+        "draft_ms_per_round": 1e3 * acc["draft_s"] / n if n else None,
+        "verify_ms_per_round": 1e3 * acc["verify_s"] / n if n else None,
+        "draft_over_verify": ratio(acc["draft_s"], acc["verify_s"]),
+        "verify_tokens_per_round": acc["tokens"] / n if n else None,
+        "padded_tokens_per_round": acc["padded"] / n if n else None,
     }
 
 
@@ -268,6 +270,7 @@ def summarize_dataset(rec: DatasetRecord, block_size: int, cfg, has_confidence: 
             ),
         },
     }
+    out["monitoring"] = {name: phase_summary(acc) for name, acc in rec.phases.items()}
     if cfg.baselines.run:
         base = {name: rec.timer(name).report() for name in cfg.baselines.run}
         ref = base.get("hf_generate", {}).get("tokens_per_s")
@@ -318,6 +321,12 @@ def conditions(cfg, target_spec: str, draft, target, block_size: int, assistant_
         "top_p": cfg.top_p,
         "top_k": cfg.top_k,
         "confidence_threshold": cfg.confidence_threshold,
+        "verify_policy": cfg.verify_policy
+        or ("threshold" if cfg.confidence_threshold is not None else "full"),
+        "scheduler_batch": cfg.scheduler_batch,
+        "confidence_temperatures": (
+            getattr(draft.config, "confidence_temperatures", None) if cfg.calibrate else None
+        ),
         "batch_size": cfg.batch_size,
         "max_new_tokens": cfg.max_new_tokens,
         "num_prompts": cfg.num_prompts,
@@ -440,6 +449,9 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
         top_p=cfg.top_p,
         top_k=cfg.top_k,
         confidence_threshold=cfg.confidence_threshold,
+        verify_policy=cfg.verify_policy,
+        scheduler_batch=cfg.scheduler_batch,
+        calibrate=cfg.calibrate,
         max_length=int(getattr(target.config, "max_position_embeddings", 0) or 32768),
         compile=cfg.compile,
     )

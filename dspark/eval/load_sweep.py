@@ -1,0 +1,362 @@
+"""The load sweep: R requests decoded together, per verify policy, R = 1, 2, 4, ... .
+
+Policies (one `SpeculativeDecoder` each, same target, same prompts per load):
+- `ar`: plain autoregressive decoding (`generate_autoregressive`);
+- `full`: every request verifies the whole block;
+- `threshold`: the static survival threshold;
+- `scheduler`: the prefix scheduler priced for this decoder's padded verify pass;
+- `scheduler_ragged`: the published per-slot Algorithm 1 (B = sum(1 + l_r)) in the same
+  padded pass (what a ragged serving engine would run, priced as if it were one).
+
+Per policy and load: total tokens/s and per-user tokens/s in the decode phase (prefill
+excluded: tokens after the first over the time after the prefill; per user: each request's
+tokens over its own finish time), tau, verified tokens per request per round, padded tokens
+per round, draft and verify time per round. EOS is ignored by default so the load stays R for
+the whole call. Greedy outputs are checked against the AR policy (lossless at every load).
+The `full` policy's per-round confidences and acceptance are the simulator's traces.
+Results are written after every (load, policy) cell (atomic JSON), so a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+POLICIES = ("ar", "full", "threshold", "scheduler", "scheduler_ragged")
+SWEEP_VERSION = 1
+
+
+def decoders(target, draft, policies, *, threshold: float, sps, temperature: float, max_length):
+    """`{policy: SpeculativeDecoder}` sharing the target and draft."""
+    from dspark.decoding import SpeculativeDecoder
+
+    kw = dict(temperature=temperature, max_length=max_length)
+    out = {}
+    for p in policies:
+        if p in ("ar", "full"):
+            out[p] = SpeculativeDecoder(target, draft, verify_policy="full", **kw)
+        elif p == "threshold":
+            out[p] = SpeculativeDecoder(
+                target, draft, verify_policy="threshold", confidence_threshold=threshold, **kw
+            )
+        elif p in ("scheduler", "scheduler_ragged"):
+            batch = "ragged" if p == "scheduler_ragged" else "padded"
+            out[p] = SpeculativeDecoder(
+                target, draft, verify_policy="scheduler", sps=sps, scheduler_batch=batch, **kw
+            )
+        else:
+            raise ValueError(f"unknown policy {p!r}; choose from {POLICIES}")
+    return out
+
+
+def cell_metrics(out, load: int) -> dict:
+    """One (load, policy) cell from its `GenerationOutput`."""
+    tokens = sum(out.new_tokens)
+    decode_s = out.wall_time_s - out.prefill_s
+    per_user = [
+        (n - 1) / (f - out.prefill_s)
+        for n, f in zip(out.new_tokens, out.finish_s)
+        if n > 1 and f > out.prefill_s
+    ]
+    timing = out.timing_summary()
+    rows = sum(out.round_rows)
+    return {
+        "load": load,
+        "new_tokens": tokens,
+        "wall_s": out.wall_time_s,
+        "prefill_s": out.prefill_s,
+        "decode_s": decode_s,
+        "total_tokens_per_s": (tokens - load) / decode_s if decode_s > 0 else None,
+        "end_to_end_tokens_per_s": tokens / out.wall_time_s if out.wall_time_s > 0 else None,
+        "per_user_tokens_per_s": float(np.mean(per_user)) if per_user else None,
+        "tau": None if not any(out.accept_lengths) else out.tau,
+        "verify_tokens_per_request_round": sum(out.round_tokens) / rows if rows else None,
+        **{k: timing[k] for k in timing if k not in ("draft_s", "verify_s")},
+        "draft_s": timing["draft_s"],
+        "verify_s": timing["verify_s"],
+    }
+
+
+def trace_rows(out, load: int, policy: str) -> list[dict]:
+    """Per-request per-round confidences / acceptance (the simulator's input)."""
+    return [
+        {
+            "load": load,
+            "policy": policy,
+            "request": i,
+            "confidences": conf,
+            "accept_lengths": acc,
+            "verify_lengths": ver,
+            "new_tokens": n,
+        }
+        for i, (conf, acc, ver, n) in enumerate(
+            zip(out.confidences, out.accept_lengths, out.verify_lengths, out.new_tokens)
+        )
+    ]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run_sweep(
+    decs: dict,
+    prompts: list[list[int]],
+    loads: list[int],
+    *,
+    max_new_tokens: int,
+    eos,
+    seed: int,
+    out_dir: Path,
+    conditions: dict,
+    progress=print,
+) -> dict:
+    """Decode every load with every policy; results.json / traces.jsonl kept current."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    res_path, trace_path = out_dir / "results.json", out_dir / "traces.jsonl"
+    results = {"version": SWEEP_VERSION, "conditions": conditions, "cells": {}}
+    if res_path.exists():
+        old = json.loads(res_path.read_text())
+        if old.get("conditions") == conditions:  # resume: same conditions, keep finished cells
+            results = old
+            progress(f"resuming: {len(results['cells'])} cells already measured")
+    traces = []
+    if trace_path.exists() and results["cells"]:
+        traces = [json.loads(x) for x in trace_path.read_text().splitlines() if x.strip()]
+    first = next(iter(decs.values()))
+    for name, dec in decs.items():  # untimed warm-up per policy: allocations, profile tables
+        fn = dec.generate_autoregressive if name == "ar" else dec.generate
+        fn(prompts[:1], min(8, max_new_tokens), eos_token_id=eos, seed=seed)
+    for load in loads:
+        batch = [prompts[i % len(prompts)] for i in range(load)]
+        reference = None
+        for name, dec in decs.items():
+            key = f"{load}/{name}"
+            if key in results["cells"]:
+                continue
+            fn = dec.generate_autoregressive if name == "ar" else dec.generate
+            t0 = time.perf_counter()
+            out = fn(batch, max_new_tokens, eos_token_id=eos, seed=seed + load)
+            cell = cell_metrics(out, load)
+            if name == "ar":
+                reference = out.sequences
+            elif reference is not None and first.greedy:
+                cell["matches_ar"] = sum(a == b for a, b in zip(out.sequences, reference)) / load
+            results["cells"][key] = {"policy": name, **cell}
+            if name != "ar":
+                traces += trace_rows(out, load, name)
+            _atomic_write(trace_path, "".join(json.dumps(t) + "\n" for t in traces))
+            _atomic_write(res_path, json.dumps(results, indent=2) + "\n")
+            tps = cell["total_tokens_per_s"]
+            progress(
+                f"load {load:>3} {name:<16} {tps or 0:8.1f} tok/s total, "
+                f"{cell['per_user_tokens_per_s'] or 0:7.2f} per user, tau "
+                f"{cell['tau'] or float('nan'):.2f}, {time.perf_counter() - t0:.0f} s"
+            )
+    results["table"] = table(results)
+    _atomic_write(res_path, json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def table(results: dict) -> dict:
+    """`{policy: {load: cell}}` plus the scheduler's gain over the best fixed policy."""
+    by = {}
+    for cell in results["cells"].values():
+        by.setdefault(cell["policy"], {})[cell["load"]] = cell
+    gains = {}
+    fixed = [p for p in ("ar", "full", "threshold") if p in by]
+    for sched in ("scheduler", "scheduler_ragged"):
+        if sched not in by or not fixed:
+            continue
+        gains[sched] = {}
+        for load, cell in by[sched].items():
+            best = max((by[p][load]["total_tokens_per_s"] or 0, p) for p in fixed if load in by[p])
+            gains[sched][load] = {
+                "best_fixed": best[1],
+                "gain_total": (cell["total_tokens_per_s"] or 0) / best[0] - 1 if best[0] else None,
+                "vs_ar_total": (cell["total_tokens_per_s"] or 0)
+                / (by["ar"][load]["total_tokens_per_s"] or float("nan"))
+                - 1
+                if "ar" in by and load in by["ar"]
+                else None,
+            }
+    return {"gains": gains}
+
+
+def render_markdown(results: dict, plots: dict[str, str]) -> str:
+    c = results["conditions"]
+    f = lambda x, d=1: "n/a" if x is None else f"{x:.{d}f}"  # noqa: E731
+    lines = [
+        "# Load sweep",
+        "",
+        "Conditions: " + ", ".join(f"{k} `{v}`" for k, v in c.items()) + ".",
+        "",
+        "Total / per-user tokens/s are decode-phase figures (prefill excluded). verify/req = "
+        "verify tokens per request per round (1 + drafts verified); padded = tokens the "
+        "padded verify pass computed per round; draft/verify = time ratio per round.",
+        "",
+        "| load | policy | total tok/s | per-user tok/s | tau | verify/req | padded/round | "
+        "draft ms | verify ms | draft/verify | == AR |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    cells = sorted(
+        results["cells"].values(), key=lambda x: (x["load"], POLICIES.index(x["policy"]))
+    )
+    for x in cells:
+        match = x.get("matches_ar")
+        lines.append(
+            f"| {x['load']} | {x['policy']} | {f(x['total_tokens_per_s'])} | "
+            f"{f(x['per_user_tokens_per_s'], 2)} | {f(x['tau'], 2)} | "
+            f"{f(x['verify_tokens_per_request_round'], 2)} | "
+            f"{f(x['padded_tokens_per_round'])} | {f(x['draft_ms_per_round'])} | "
+            f"{f(x['verify_ms_per_round'])} | {f(x['draft_over_verify'], 2)} | "
+            f"{'n/a' if match is None else f'{100 * match:.0f}%'} |"
+        )
+    gains = results.get("table", {}).get("gains", {})
+    for sched, per_load in gains.items():
+        lines += ["", f"`{sched}` vs the best fixed policy (ar, full, threshold) at each load:", ""]
+        lines += ["| load | best fixed | gain (total tok/s) | vs AR |", "|---|---|---|---|"]
+        for load in sorted(per_load, key=int):
+            g = per_load[load]
+            pct = lambda v: "n/a" if v is None else f"{100 * v:+.1f}%"  # noqa: E731
+            lines.append(
+                f"| {load} | {g['best_fixed']} | {pct(g['gain_total'])} | {pct(g['vs_ar_total'])} |"
+            )
+    if plots:
+        lines += [""] + [f"![{k}]({v})" for k, v in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, out_dir: Path) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = results["conditions"]
+    sub = (
+        f"{Path(str(c.get('target'))).name}, draft {c.get('draft_kind')}, block "
+        f"{c.get('block_size')}, T={c.get('temperature')}, {c.get('max_new_tokens')} new tok, "
+        f"{c.get('device')} {c.get('dtype')} {c.get('threads')} thr"
+    )
+    by = {}
+    for cell in results["cells"].values():
+        by.setdefault(cell["policy"], []).append(cell)
+    made = {}
+    for key, ylabel, fname in (
+        ("total_tokens_per_s", "total tokens/s (decode)", "throughput_vs_load.png"),
+        ("per_user_tokens_per_s", "per-user tokens/s (decode)", "per_user_vs_load.png"),
+    ):
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for i, policy in enumerate(p for p in POLICIES if p in by):
+            pts = sorted((x["load"], x[key]) for x in by[policy] if x[key] is not None)
+            if pts:
+                ax.plot(*zip(*pts), "o-", color=f"C{i}", label=policy)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="concurrent requests", ylabel=ylabel)
+        ax.set_title(f"{ylabel} vs load\n{sub}", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=120)
+        plt.close(fig)
+        made[key] = fname
+    return made
+
+
+def load_draft(draft_path: str | None, target, tokenizer, target_spec: str):
+    """(draft, kind): the trained draft at `draft_path`, or a random-init default draft."""
+    from dspark.config import DSparkConfig, choose_mask_token_id
+    from dspark.modeling import DSparkDraftModel
+
+    param = next(target.parameters())
+    if draft_path:
+        draft = DSparkDraftModel.from_pretrained(draft_path)
+        kind = f"trained ({os.path.abspath(draft_path)})"
+    else:
+        cfg = DSparkConfig.from_target_config(
+            target.config,
+            mask_token_id=choose_mask_token_id(tokenizer, target.config.vocab_size),
+            target_name_or_path=target_spec,
+        )
+        torch.manual_seed(0)
+        draft = DSparkDraftModel.from_target(target, cfg)
+        kind = "random-init (no trained draft was available; acceptance near zero)"
+    draft.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
+    return draft, kind
+
+
+def run_from_args(args, draft_path: str | None, policies: list[str]) -> tuple[dict, str]:
+    """The sweep behind eval/load_sweep.py (argparse namespace `args`)."""
+    import platform
+
+    from dspark.decoding.sps import SPSProfile, default_rows, load_or_measure
+    from dspark.eval.prompts import load_dataset, render
+    from dspark.eval.runner import eos_ids
+    from dspark.target import _as_dtype, load_target
+
+    target, tokenizer = load_target(args.target, dtype=_as_dtype(args.dtype))
+    draft, kind = load_draft(draft_path, target, tokenizer, args.target)
+    gamma = int(draft.config.block_size)
+    prompts = []
+    for name in args.datasets:
+        for conv in load_dataset(name, args.bench_dir, args.prompts_per_set):
+            prompts.append(render(tokenizer, conv, []))
+    sps = None
+    if any(p.startswith("scheduler") for p in policies):
+        if args.sps:
+            sps = SPSProfile.load(args.sps)
+        else:
+            ctx = int(np.mean([len(p) for p in prompts])) + args.max_new_tokens // 2
+            sps = load_or_measure(
+                target, draft, gamma=gamma, rows=default_rows(max(args.loads)), context_len=ctx,
+                progress=lambda m: print("profile:", m),
+            )  # fmt: skip
+    max_len = max(len(p) for p in prompts) + args.max_new_tokens + gamma + 64
+    decs = decoders(
+        target, draft, policies, threshold=args.threshold, sps=sps,
+        temperature=args.temperature, max_length=max_len,
+    )  # fmt: skip
+    param = next(target.parameters())
+    temps = getattr(draft.config, "confidence_temperatures", None)
+    conditions = {
+        "target": args.target,
+        "draft_kind": kind,
+        "block_size": gamma,
+        "confidence_temperatures": temps,
+        "datasets": list(args.datasets),
+        "prompts": len(prompts),
+        "prompt_tokens_mean": round(float(np.mean([len(p) for p in prompts])), 1),
+        "loads": list(args.loads),
+        "policies": policies,
+        "max_new_tokens": args.max_new_tokens,
+        "eos": "honoured" if args.honor_eos else "ignored (load constant)",
+        "temperature": args.temperature,
+        "threshold": args.threshold,
+        "sps_profile": (sps.meta.get("cache_path") or args.sps or sps.meta.get("source"))
+        if sps is not None
+        else None,
+        "device": str(param.device),
+        "cpu": platform.processor() or platform.machine(),
+        "dtype": str(param.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "seed": args.seed,
+    }
+    eos = eos_ids(tokenizer, target) if args.honor_eos else None
+    out_dir = Path(args.out)
+    results = run_sweep(
+        decs, prompts, list(args.loads), max_new_tokens=args.max_new_tokens, eos=eos,
+        seed=args.seed, out_dir=out_dir, conditions=conditions,
+    )  # fmt: skip
+    plots = plot(results, out_dir)
+    report = render_markdown(results, plots)
+    (out_dir / "report.md").write_text(report)
+    return results, report
