@@ -27,7 +27,9 @@ def build_draft(cfg, device: torch.device):
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     d = cfg.draft
     if d.init_from:
-        draft = DSparkDraftModel.from_pretrained(d.init_from)
+        from dspark.export import load_draft  # ours, DeepSpec's or speculators' layout
+
+        draft = load_draft(d.init_from).train()
         if draft.config.hidden_size != target.config.hidden_size:
             raise ValueError(
                 f"draft.init_from={d.init_from} was trained for a target of hidden size "
