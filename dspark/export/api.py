@@ -98,6 +98,10 @@ def export_draft(
 
         source = str(draft)
         draft = load_draft(draft)
+    from dspark.training.lora import has_lora, merged_copy
+
+    if has_lora(draft):  # LoRA-fine-tuned in memory: export the merged weights
+        draft = merged_copy(draft)
     config = draft.config
     out = Path(out_dir).expanduser().resolve()
     if out.exists() and not overwrite:

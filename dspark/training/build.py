@@ -60,6 +60,11 @@ def build_draft(cfg, device: torch.device):
 
             calib = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"].to(device)
             warm_start_from_target(draft, target, d.init_layers, calib)
+    lora = getattr(d, "lora", None)
+    if lora is not None and lora.r > 0:
+        from dspark.training.lora import apply_lora
+
+        apply_lora(draft, lora.r, lora.alpha, lora.target_modules, lora.dropout)
     draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)
     return target, tokenizer, draft.to(device)
 
