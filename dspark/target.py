@@ -42,6 +42,11 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
     if spec in EMBEDDED_ALIASES:
         path = root / "targets" / EMBEDDED_TARGET
         if not (path / "config.json").exists():
+            if (path / ADAPTER_CONFIG).exists():
+                raise TargetNotFoundError(
+                    f"{path} is a PEFT adapter, not a full model: load it with "
+                    "dspark.target.load_target (it merges the adapter into its base)"
+                )
             raise TargetNotFoundError(
                 f"The embedded target is not prepared yet (looked in {path}). "
                 f"Run `{PREPARE_HINT}` once (needs `pip install 'dspark[gguf]'`)."
@@ -60,6 +65,11 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
+            if (path / ADAPTER_CONFIG).exists():
+                raise TargetNotFoundError(
+                    f"{path} is a PEFT adapter, not a full model: load it with "
+                    "dspark.target.load_target (it merges the adapter into its base)"
+                )
             raise TargetNotFoundError(
                 f"{path} exists but holds no config.json; point at a directory written by "
                 "`save_pretrained` (or convert the checkpoint first)."
@@ -103,9 +113,41 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
         ) from None
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_base(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str | None:
+    """For a PEFT adapter directory (base + LoRA), its resolved base target; else None.
+
+    The base comes from `base_model_name_or_path` in adapter_config.json and may itself be any
+    target spec (hub id, directory, embedded, tiny-*)."""
+    p = Path(path).expanduser()
+    cfg_file = p / ADAPTER_CONFIG
+    if not cfg_file.is_file():
+        return None
+    import json
+
+    base = json.loads(cfg_file.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise TargetNotFoundError(
+            f"{cfg_file} names no base model (base_model_name_or_path); set it to the target "
+            "the adapter was trained on"
+        )
+    try:
+        return resolve_target(base, cache_dir)
+    except TargetNotFoundError as e:
+        raise TargetNotFoundError(
+            f"the base model of the PEFT adapter {p} ({base!r}, from {cfg_file}) cannot be "
+            f"found: {e} Fix base_model_name_or_path in {cfg_file}, or make the base available."
+        ) from None
+
+
 def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None):
     from transformers import AutoTokenizer
 
+    base = adapter_base(spec, cache_dir)
+    if base is not None and not (Path(spec) / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(base)
     return AutoTokenizer.from_pretrained(resolve_target(spec, cache_dir))
 
 
@@ -117,14 +159,26 @@ def load_target(
     cache_dir: str | os.PathLike | None = None,
     attn_implementation: str | None = "sdpa",
 ):
-    """Return `(model, tokenizer)`: the target frozen (eval, no grads) on `device` in `dtype`."""
+    """Return `(model, tokenizer)`: the target frozen (eval, no grads) on `device` in `dtype`.
+
+    A PEFT adapter directory (adapter_config.json + LoRA weights) loads its base and merges the
+    adapter into it (`merge_and_unload`): a plain HF model, as fast as the base, that computes
+    base + adapter. Its tokenizer is the adapter directory's own when it ships one, else the
+    base's.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    where = resolve_target(spec, cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(where)
+    base = adapter_base(spec, cache_dir)
+    where = base if base is not None else resolve_target(spec, cache_dir)
+    tokenizer = load_tokenizer(spec, cache_dir) if base is not None else None
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(where)
     model = AutoModelForCausalLM.from_pretrained(
         where, dtype=_as_dtype(dtype), attn_implementation=attn_implementation
     )
+    if base is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(Path(spec).expanduser())).merge_and_unload()
     model.to(device).eval().requires_grad_(False)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

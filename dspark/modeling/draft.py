@@ -104,6 +104,11 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         return model
 
     def save_pretrained(self, save_directory, *args, **kwargs):
+        from dspark.training.lora import has_lora, merged_copy
+
+        if has_lora(self):  # LoRA fine-tuning: a saved draft is always the merged serving layout
+            kwargs.pop("state_dict", None)
+            return merged_copy(self).save_pretrained(save_directory, *args, **kwargs)
         out = super().save_pretrained(save_directory, *args, **kwargs)
         # PreTrainedModel writes its class name; the serving name lives in the config.
         self.config.architectures = [self.config.serving_architecture()]

@@ -27,7 +27,9 @@ def build_draft(cfg, device: torch.device):
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     d = cfg.draft
     if d.init_from:
-        draft = DSparkDraftModel.from_pretrained(d.init_from)
+        from dspark.export import load_draft  # ours, DeepSpec's or speculators' layout
+
+        draft = load_draft(d.init_from).train()
         if draft.config.hidden_size != target.config.hidden_size:
             raise ValueError(
                 f"draft.init_from={d.init_from} was trained for a target of hidden size "
@@ -58,6 +60,11 @@ def build_draft(cfg, device: torch.device):
 
             calib = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"].to(device)
             warm_start_from_target(draft, target, d.init_layers, calib)
+    lora = getattr(d, "lora", None)
+    if lora is not None and lora.r > 0:
+        from dspark.training.lora import apply_lora
+
+        apply_lora(draft, lora.r, lora.alpha, lora.target_modules, lora.dropout)
     draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)
     return target, tokenizer, draft.to(device)
 

@@ -23,8 +23,30 @@ class TargetConfig:
 
 
 @dataclass
+class LoraSettings:
+    """LoRA fine-tuning of an existing draft (training/lora.py); merged whenever it is saved.
+    `r=0` (the default) trains every draft weight instead (full fine-tuning)."""
+
+    r: int = 0
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+
+
+@dataclass
 class DraftConfig:
     init_from: str | None = None  # an existing draft dir to fine-tune; None builds a fresh one
+    lora: LoraSettings = field(default_factory=LoraSettings)  # draft.lora.r=16 turns LoRA on
     # A fresh draft's init: target_layers copies target decoder layers (modeling/warm_start.py)
     init: str = "target_layers"
     init_layers: list[int] | None = None  # target layers to copy; None: the last num_hidden_layers
@@ -143,6 +165,8 @@ def check(cfg: Any) -> None:
             raise ValueError(f"{group}.{key}={value!r} is not one of {allowed}")
     if cfg.draft.block_size < 1:
         raise ValueError(f"draft.block_size must be >= 1, got {cfg.draft.block_size}")
+    if cfg.draft.lora.r < 0:
+        raise ValueError("draft.lora.r must be >= 0 (0: no LoRA, every draft weight trains)")
     if cfg.draft.markov_rank < 0:
         raise ValueError("draft.markov_rank must be >= 0 (0 disables the Markov head)")
     if not 0.0 <= cfg.data.eval_fraction < 1.0:

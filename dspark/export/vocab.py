@@ -1,0 +1,95 @@
+"""Reduced draft vocabularies: `d2t` / `t2d` as EAGLE-3, speculators and vLLM read them.
+
+A reduced draft predicts over K of the target's V tokens (draft ids 0..K-1, in increasing
+target-id order). `d2t [K]` (int64) holds offsets: target id = draft id + d2t[draft id];
+`t2d [V]` (bool) marks the target ids the draft can propose. The draft's `lm_head` and Markov
+`markov_w2` keep only those K rows; `embed_tokens` and `markov_w1` stay over the full target
+vocabulary (they read target tokens). A d2t that is regenerated or off by one collapses
+acceptance silently, so every mapping is checked here before it is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def mapping_from_ids(
+    ids, vocab_size: int, *, source: str = "draft vocabulary"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target ids the draft keeps (any order, no repeats) -> `(d2t [K] long, t2d [V] bool)`."""
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    if ids.numel() == 0:
+        raise ValueError(f"{source} is empty: keep at least one token")
+    uniq = torch.unique(ids)  # sorted
+    if uniq.numel() != ids.numel():
+        raise ValueError(f"{source} repeats token ids; list each kept target id once")
+    if int(uniq[0]) < 0 or int(uniq[-1]) >= vocab_size:
+        raise ValueError(
+            f"{source} holds ids outside the target vocabulary [0, {vocab_size}) "
+            f"(min {int(uniq[0])}, max {int(uniq[-1])}): it was built for another tokenizer"
+        )
+    d2t = uniq - torch.arange(uniq.numel())
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[uniq] = True
+    return d2t, t2d
+
+
+def ids_from_d2t(d2t: torch.Tensor, vocab_size: int, *, source: str = "d2t") -> torch.Tensor:
+    """Check a `d2t` tensor and return the kept target ids (strictly increasing)."""
+    d2t = torch.as_tensor(d2t).flatten()
+    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+        raise ValueError(f"{source} must hold integer offsets (got {d2t.dtype})")
+    K = d2t.numel()
+    if not 0 < K <= vocab_size:
+        raise ValueError(
+            f"{source} has {K} entries, but a draft vocabulary holds 1..{vocab_size} tokens of "
+            "this target: it belongs to another target, or is not a d2t (t2d has one entry per "
+            "target token)"
+        )
+    ids = d2t.long() + torch.arange(K)
+    if K > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError(f"{source} maps draft ids to target ids that are not strictly increasing")
+    if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
+        raise ValueError(
+            f"{source} maps to target ids outside [0, {vocab_size}): built for another target"
+        )
+    return ids
+
+
+def read_vocab_file(path: str | Path, vocab_size: int) -> torch.Tensor:
+    """Kept target ids from a file: `.json` (a list of ids, or {"d2t": [...]}), `.safetensors`
+    or `.pt` holding `d2t` (offsets) or `ids` (target ids)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"draft vocabulary file {p} does not exist")
+    if p.suffix == ".json":
+        raw = json.loads(p.read_text())
+        if isinstance(raw, dict):
+            if "d2t" in raw:
+                return ids_from_d2t(torch.tensor(raw["d2t"]), vocab_size, source=f"{p}: d2t")
+            raw = raw.get("ids")
+        if not isinstance(raw, list):
+            raise ValueError(f"{p}: expected a JSON list of target ids, or {{'d2t': [...]}}")
+        ids = torch.tensor(raw, dtype=torch.long)
+        mapping_from_ids(ids, vocab_size, source=str(p))
+        return torch.unique(ids)
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(p))
+    elif p.suffix in (".pt", ".pth"):
+        tensors = torch.load(p, map_location="cpu", weights_only=True)
+        if isinstance(tensors, torch.Tensor):
+            tensors = {"d2t": tensors}
+    else:
+        raise ValueError(f"{p}: unknown draft vocabulary file type; use .json, .safetensors or .pt")
+    if "d2t" in tensors:
+        return ids_from_d2t(tensors["d2t"], vocab_size, source=f"{p}: d2t")
+    if "ids" in tensors:
+        ids = tensors["ids"].long()
+        mapping_from_ids(ids, vocab_size, source=f"{p}: ids")
+        return torch.unique(ids)
+    raise ValueError(f"{p} holds neither `d2t` nor `ids` (found {sorted(tensors)})")
