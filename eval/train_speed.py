@@ -52,6 +52,7 @@ def main() -> None:
     )
     ap.add_argument("overrides", nargs="*", help="distill overrides, e.g. recipe=quickstart")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None, help="output dir (default runs/<recipe>)")
     ap.add_argument("--variants", nargs="*", default=[""], help="comma-separated overrides each")
@@ -75,7 +76,7 @@ def main() -> None:
     runs = []
     for v in args.variants:
         res = measure_step_cost(
-            config([*data, *filter(None, v.split(","))]), args.steps, 2, args.device
+            config([*data, *filter(None, v.split(","))]), args.steps, args.warmup, args.device
         )
         runs.append({"variant": v or "(recipe)", **res})
     ref = runs[0]
@@ -90,11 +91,12 @@ def main() -> None:
         f"Conditions: target `{c['target']}` ({c['target_dtype']}), {c['device']} with "
         f"{c['threads']} threads, batch {c['batch']} rows, max_length {c['max_length']}, block "
         f"size {c['block_size']}, {c['num_anchors']} anchors/sequence, {c['draft_layers']} draft "
-        f"layers, Markov rank {c['markov_rank']}, median of {c['steps_timed']} steps after 2 "
+        f"layers, Markov rank {c['markov_rank']}, median of {c['steps_timed']} steps after {args.warmup} "
         f"warm-up steps{filler}.\n",
         "| variant | draft precision | packing | pad share | real tokens/batch | target fwd | step "
-        "| step/fwd | tokens/s | peak RSS MB (cumulative) | max rel. loss diff vs first |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| step/fwd | tokens/s | step CPU s | tokens/CPU s | peak RSS MB (cumulative) "
+        "| max rel. loss diff vs first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         rc, d = r["conditions"], r["max_rel_loss_diff_vs_first"]
@@ -103,6 +105,7 @@ def main() -> None:
             f"{100 * r['pad_share']:.1f}% | {rc['mean_tokens_per_batch']:.0f} | "
             f"{r['target_forward_s']:.3f} s | {r['train_step_s']:.3f} s | "
             f"{r['step_over_target_forward']:.2f} | {r['train_tokens_per_s']:.0f} | "
+            f"{r['train_step_cpu_s']:.2f} | {r['train_tokens_per_cpu_s']:.0f} | "
             f"{r['peak_memory_mb']:.0f} | {'n/a' if d is None else f'{d:.2e}'} |"
         )
     text = "\n".join(md) + "\n"

@@ -327,3 +327,17 @@ def test_debug_run_trains_on_packed_rows(tmp_path):
     assert torch.isfinite(torch.tensor(res["last_train"]["train/loss"]))
     assert res["final_eval"]["eval/supervised_tokens"] > 0
     assert "packed rows/device" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_padding_stats_by_hand():
+    from dspark.data.packing import padding_stats
+
+    lengths = [3, 5, 2, 6, 12]  # the 12 is truncated to max_length 8
+    s = padding_stats(lengths, batch_size=5, max_length=8, packing=False)
+    assert (s["real_tokens"], s["batch_tokens"]) == (24, 40)  # one batch of 5 rows x 8
+    assert s["pad_share"] == pytest.approx(16 / 40) and s["rows"] == 5
+    p = padding_stats(lengths, batch_size=5, max_length=8, packing=True, seed=3)
+    rows = [sum(min(lengths[i], 8) for i in r) for r in first_fit_pack(lengths, 8, seed=3)]
+    assert p["rows"] == len(rows) < 5 and p["real_tokens"] == 24
+    assert p["pad_share"] == pytest.approx(1 - 24 / (len(rows) * max(rows)))
+    assert p["pad_share"] < s["pad_share"]

@@ -24,7 +24,8 @@ def _sync(device: torch.device) -> None:
 
 def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None = None) -> dict:
     """Median seconds of (a) the target's forward alone (tapped layers + final norm, as the
-    objective captures it) and (b) a whole training step, over the same `steps` batches."""
+    objective captures it) and (b) a whole training step, over the same `steps` batches;
+    also the step's CPU time and every step's loss (for precision agreement checks)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
@@ -45,14 +46,14 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
         batches.append({k: v.to(dev) for k, v in b.items()})
         if len(batches) == warmup + steps:
             break
-    fwd, step, tokens, padded, losses = [], [], [], [], []
+    fwd, step, step_cpu, tokens, padded, losses = [], [], [], [], [], []
     for i, batch in enumerate(batches):
         _sync(dev)
         t0 = time.perf_counter()
         with torch.no_grad():
             objective.features(batch)
         _sync(dev)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         with autocast:
             loss, _ = objective.step(draft, batch, LocalReducer())
         loss.backward()
@@ -61,10 +62,11 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         _sync(dev)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         if i >= warmup:
             fwd.append(t1 - t0)
             step.append(t2 - t1)
+            step_cpu.append(c2 - c1)
             tokens.append(int(batch["attention_mask"].sum()))
             padded.append(batch["attention_mask"].numel())
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
@@ -73,6 +75,10 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
         "train_step_s": med(step),
         "step_over_target_forward": med(step) / med(fwd),
         "train_tokens_per_s": sum(tokens) / sum(step),
+        # CPU seconds of this process (all its threads): on a shared machine the wall clock
+        # also counts the waits for other jobs, the CPU time much less so.
+        "train_step_cpu_s": med(step_cpu),
+        "train_tokens_per_cpu_s": sum(tokens) / sum(step_cpu),
         "peak_memory_mb": peak_memory_mb(dev),
         "losses": losses,  # every step, warm-up included (same batches and anchors per run)
         "pad_share": 1 - sum(tokens) / sum(padded),
