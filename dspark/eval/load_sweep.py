@@ -130,7 +130,7 @@ def run_sweep(
     traces = []
     if trace_path.exists() and results["cells"]:
         traces = [json.loads(x) for x in trace_path.read_text().splitlines() if x.strip()]
-    first = next(iter(decs.values()))
+    first = next(iter(decs.values()), None)
     for name, dec in decs.items():  # untimed warm-up per policy: allocations, profile tables
         fn = dec.generate_autoregressive if name == "ar" else dec.generate
         fn(prompts[:1], min(8, max_new_tokens), eos_token_id=eos, seed=seed)
@@ -147,7 +147,7 @@ def run_sweep(
             cell = cell_metrics(out, load)
             if name == "ar":
                 reference = out.sequences
-            elif reference is not None and first.greedy:
+            elif reference is not None and first is not None and first.greedy:
                 cell["matches_ar"] = sum(a == b for a, b in zip(out.sequences, reference)) / load
             results["cells"][key] = {"policy": name, **cell}
             if name != "ar":
@@ -279,7 +279,7 @@ def load_draft(draft_path: str | None, target, tokenizer, target_spec: str):
     param = next(target.parameters())
     if draft_path:
         draft = DSparkDraftModel.from_pretrained(draft_path)
-        kind = f"trained ({os.path.abspath(draft_path)})"
+        kind = os.path.abspath(draft_path)
     else:
         cfg = DSparkConfig.from_target_config(
             target.config,
