@@ -13,11 +13,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
 
+from dspark.errors import user_errors  # noqa: E402
 from dspark.training.schema import check, register_configs  # noqa: E402
 from dspark.training.speed import measure_step_cost  # noqa: E402
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
@@ -29,11 +31,13 @@ def main() -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None, help="output dir (default runs/<recipe>)")
     args = ap.parse_args()
-    register_configs()
-    with initialize_config_dir(str(CONF), version_base=None):
-        cfg = compose("config", overrides=[*args.overrides, "trainer.output_dir=unused"])
-    check(cfg)
-    res = measure_step_cost(cfg, steps=args.steps, device=args.device)
+    # Hydra's composition errors (a misspelt key) already name the key: no traceback either.
+    with user_errors("train_speed", also=(HydraException,)):
+        register_configs(CHECKOUT / "recipes")
+        with initialize_config_dir(str(CHECKOUT / "conf"), version_base=None):
+            cfg = compose("config", overrides=[*args.overrides, "trainer.output_dir=unused"])
+        check(cfg)
+        res = measure_step_cost(cfg, steps=args.steps, device=args.device)
     recipe = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("recipe=")), "custom")
     out = Path(args.out or f"runs/{recipe}")
     out.mkdir(parents=True, exist_ok=True)

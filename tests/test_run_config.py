@@ -7,15 +7,16 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from dspark.training.schema import RECIPES_DIR, check, register_configs
+from dspark.training.schema import check, register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+RECIPES_DIR = CONF.parent / "recipes"
 GROUPS = ["target", "draft", "data", "objective", "optim", "trainer", "tracking"]
 
 
 def _compose(overrides):
     GlobalHydra.instance().clear()
-    register_configs()
+    register_configs(RECIPES_DIR)
     with initialize_config_dir(str(CONF), version_base=None):
         return compose("config", overrides=overrides, return_hydra_config=True)
 
