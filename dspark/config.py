@@ -18,12 +18,14 @@ from transformers import PretrainedConfig
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 TARGET_FAMILIES = ("llama", "qwen2", "qwen3")
-# Serving architecture names (vLLM routes `DSparkDraftModel` to DeepSeek-V4: never emit it).
-SERVING_ARCHITECTURES = {
-    "qwen3": "Qwen3DSparkModel",
-    "qwen2": "Qwen2DSparkModel",
-    "llama": "LlamaDSparkModel",
-}
+# Every draft, whatever its target's family, is built from Qwen3-style decoder layers (q/k
+# RMSNorm, no q/k/v bias) and declares the one architecture upstream vLLM / SGLang / DeepSpec
+# serve: `Qwen3DSparkModel` (vLLM routes `DSparkDraftModel` to DeepSeek-V4: never emit it).
+SERVING_ARCHITECTURE = "Qwen3DSparkModel"
+SERVING_MODEL_TYPE = "qwen3"  # config.json's model_type: engines parse it with Qwen3Config
+# Names written by dspark < 0.2 for Llama / Qwen2 targets (layers without q/k norms): no
+# engine registers them; `convert_legacy_draft` turns such a checkpoint into today's layout.
+LEGACY_ARCHITECTURES = ("LlamaDSparkModel", "Qwen2DSparkModel")
 # Mask-token candidates, in order of preference: reserved/unused specials first, then rarely
 # used specials of families without spare rows (SmolLM2/StarCoder: `<empty_output>`, a
 # code-notebook marker that chat text never contains; Qwen: the FIM pad token).
@@ -155,6 +157,9 @@ class DSparkConfig(PretrainedConfig):
     confidence_head_with_markov: bool = True
     target_model_type: str = "qwen3"
     target_name_or_path: str | None = None
+    # Engines' legacy readers default this to false (anchor not sampled: a 1+N layout), which
+    # silently collapses acceptance for our anchor-first drafts: always written, always true.
+    sample_from_anchor: bool = True
     layer_types: list[str] | None = None
 
     def __post_init__(self, **kwargs):
@@ -172,27 +177,28 @@ class DSparkConfig(PretrainedConfig):
 
     # ------------------------------------------------------------------ derived
     @property
-    def use_qk_norm(self) -> bool:
-        """Per-head q/k RMSNorm, only where the target has it (Qwen3)."""
-        return self.target_model_type == "qwen3"
-
-    @property
     def qkv_bias(self) -> bool:
-        """q/k/v projection biases, as in the target's own attention (Qwen2 always has them)."""
-        return self.target_model_type == "qwen2" or bool(self.attention_bias)
+        """q/k/v (and o) projection biases: Qwen3 semantics, `attention_bias` (False unless a
+        Qwen3 target has them; a Qwen2 target's always-on biases are not copied)."""
+        return bool(self.attention_bias)
 
     @property
     def num_target_features(self) -> int:
         return len(self.target_layer_ids or [])
 
     def serving_architecture(self) -> str:
-        return SERVING_ARCHITECTURES[self.target_model_type]
+        return SERVING_ARCHITECTURE
 
     # ------------------------------------------------------------------ validation
     def check(self) -> None:
         """Raise ValueError with the fix for any inconsistent DSpark field."""
         if int(self.block_size) < 1:
             raise ValueError(f"block_size must be >= 1 (got {self.block_size})")
+        if not self.sample_from_anchor:
+            raise ValueError(
+                "sample_from_anchor must be true: dspark drafts are anchor-first (slot 0 holds the "
+                "anchor token); a 1+N layout is not supported"
+            )
         if self.target_model_type not in TARGET_FAMILIES:
             raise ValueError(
                 f"target_model_type must be one of {TARGET_FAMILIES} (got {self.target_model_type!r})"
@@ -249,20 +255,33 @@ class DSparkConfig(PretrainedConfig):
 
     # ------------------------------------------------------------------ serialization
     def to_dict(self) -> dict[str, Any]:
-        """The serving layout: the target's config (its `model_type` included, so engines
-        parse it with the target family's config class) plus the DSpark keys; engines route on
-        `architectures`. `DSparkConfig.from_pretrained` reads it back (model_type is not
-        checked there beyond a warning, silenced below)."""
+        """The serving layout: the target's dimensions as a Qwen3 config (`model_type: qwen3`,
+        so engines parse it with Qwen3Config whatever the target family; `target_model_type`
+        keeps the family) plus the DSpark keys; engines route on `architectures`.
+        `DSparkConfig.from_pretrained` reads it back."""
         out = super().to_dict()
-        out["model_type"] = self.target_model_type
+        out["model_type"] = SERVING_MODEL_TYPE
         out["architectures"] = [self.serving_architecture()]
         out["tie_word_embeddings"] = False
+        out["sample_from_anchor"] = True
         return out
 
     @classmethod
     def get_config_dict(cls, *args, **kwargs):
         config_dict, kwargs = super().get_config_dict(*args, **kwargs)
         if "block_size" in config_dict and "target_layer_ids" in config_dict:
+            legacy = [
+                a for a in config_dict.get("architectures") or [] if a in LEGACY_ARCHITECTURES
+            ]
+            if legacy:
+                src = args[0] if args else kwargs.get("pretrained_model_name_or_path", "?")
+                raise ValueError(
+                    f"{src} is a dspark < 0.2 draft ({legacy[0]}: decoder layers without q/k "
+                    "norms), which no serving engine registers. Convert it once with\n"
+                    f"  python -m dspark.modeling.legacy {src} NEW_DIR\n"
+                    "then fine-tune NEW_DIR (draft.init_from=NEW_DIR): the new q/k norms start at "
+                    "ones, so the converted draft is a warm start, not the old function."
+                )
             config_dict = {**config_dict, "model_type": cls.model_type}  # a DSpark draft
         return config_dict, kwargs
 
@@ -320,6 +339,8 @@ class DSparkConfig(PretrainedConfig):
             confidence_head_with_markov=bool(confidence_head_with_markov),
             target_name_or_path=target_name_or_path,
             tie_word_embeddings=False,
+            # Qwen3-style layers: projection biases only where a Qwen3 target has them.
+            attention_bias=bool(src.get("attention_bias", False)) and family == "qwen3",
         )
         return cls(**kw)
 

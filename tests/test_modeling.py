@@ -69,13 +69,14 @@ def test_config_copies_target(tiny_target, arch):
     )
     assert cfg.num_hidden_layers == 5 and cfg.num_target_layers == 4
     assert cfg.target_layer_ids == [0, 1, 2]
-    assert cfg.target_model_type == arch and cfg.use_qk_norm == (arch == "qwen3")
+    assert cfg.target_model_type == arch
     assert cfg.mask_token_id == tok.convert_tokens_to_ids("<|reserved_0|>")
     d = cfg.to_dict()
-    want = {"qwen3": "Qwen3DSparkModel", "qwen2": "Qwen2DSparkModel", "llama": "LlamaDSparkModel"}
-    assert d["architectures"] == [want[arch]] and d["tie_word_embeddings"] is False
-    # The serving layout is the target's config: engines parse it with the family's class.
-    assert d["model_type"] == arch and d["target_name_or_path"] == "tiny-x"
+    # One servable architecture for every family: Qwen3 layers, parsed by engines as Qwen3Config.
+    assert d["architectures"] == ["Qwen3DSparkModel"] and d["tie_word_embeddings"] is False
+    assert d["model_type"] == "qwen3" and d["target_model_type"] == arch
+    assert d["sample_from_anchor"] is True and d["target_name_or_path"] == "tiny-x"
+    assert d["attention_bias"] is False  # a Qwen2 target's q/k/v biases are not copied
 
 
 @pytest.mark.parametrize(
@@ -235,12 +236,13 @@ def test_markov_heads_match_formulas(tiny_target, head_type):
                 )
                 m = gate * e
             else:
-                a, c = (
+                # DeepSpec: [g; c; o] = joint_proj([s; e; h]); the output reads s_{k-1}.
+                gg, c, o = (
                     torch.cat([s, e, h[:, k]], -1) @ head.joint_proj.weight.T + head.joint_proj.bias
-                ).chunk(2, -1)
-                z = torch.sigmoid(a)
-                s = (1 - z) * s + z * torch.tanh(c)
-                m = e + s
+                ).chunk(3, -1)
+                z = torch.sigmoid(gg)
+                m = torch.tanh(o)
+                s = z * s + (1 - z) * torch.tanh(c)
             want_bias.append(m @ W2.T)
         want_bias = torch.stack(want_bias, 1)
         # serial step API (decoder)
@@ -311,10 +313,8 @@ def expected_keys(arch, n_layers, head_type, rank, conf):
     keys = set(SECTION7_COMMON)
     for i in range(n_layers):
         keys |= {f"layers.{i}.{k}" for k in LAYER_KEYS}
-        if arch == "qwen3":
-            keys |= {f"layers.{i}.self_attn.{p}_norm.weight" for p in "qk"}
-        if arch == "qwen2":  # Qwen2's own attention has q/k/v biases
-            keys |= {f"layers.{i}.self_attn.{p}_proj.bias" for p in "qkv"}
+        # Qwen3-style layers for every family: q/k norms always, no projection biases.
+        keys |= {f"layers.{i}.self_attn.{p}_norm.weight" for p in "qk"}
     if rank:
         keys |= {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"}
         if head_type == "gated":
@@ -357,12 +357,9 @@ def test_save_load_serving_layout(tiny_target, tmp_path, arch_, head_type, rank,
             assert tuple(f.get_tensor("markov_head.markov_w1.weight").shape) == (384, rank)
     assert keys == expected_keys(arch_, 2, head_type, rank, conf)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    want_arch = {
-        "qwen3": "Qwen3DSparkModel",
-        "qwen2": "Qwen2DSparkModel",
-        "llama": "LlamaDSparkModel",
-    }
-    assert cfg["architectures"] == [want_arch[arch_]]
+    assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["sample_from_anchor"] is True
+    if head_type == "rnn":  # DeepSpec's joint_proj: Linear(2r + H -> 3r)
+        assert tuple(draft.markov_head.joint_proj.weight.shape) == (3 * rank, 2 * rank + 64)
     for key in (
         "num_hidden_layers",
         "num_target_layers",

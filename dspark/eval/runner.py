@@ -332,6 +332,7 @@ def conditions(cfg, target_spec: str, draft, target, block_size: int, assistant_
             else platform.processor() or "cpu"
         ),
         "dtype": str(param.dtype).replace("torch.", ""),
+        "draft_dtype": cfg.draft_dtype or str(param.dtype).replace("torch.", ""),
         "cpu_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -409,7 +410,10 @@ def load_models(cfg):
     if not spec:
         raise ValueError(f"the draft at {cfg.draft} names no target_name_or_path; pass target=...")
     target, tokenizer = load_target(spec, dtype=dtype, device=device)
-    draft.to(device=device, dtype=next(target.parameters()).dtype).eval().requires_grad_(False)
+    # The draft may run in a cheaper dtype than the target (bf16 on AMX / tensor-core
+    # hardware): verification by the target keeps decoding lossless whatever the draft proposes.
+    draft_dtype = _as_dtype(cfg.draft_dtype) if cfg.draft_dtype else next(target.parameters()).dtype
+    draft.to(device=device, dtype=draft_dtype).eval().requires_grad_(False)
     return target, tokenizer, draft, spec
 
 

@@ -122,7 +122,7 @@ class BlockParallelBackbone:
         return self.hidden_norm(self.fc(tapped.to(self.fc.weight.dtype)))
 
     def context_kv(self, ctx: torch.Tensor, position_ids: torch.Tensor):
-        """Per draft layer `(k, v)`, each `[B, n_kv, S, d]`, k normed (Qwen3) and rotated."""
+        """Per draft layer `(k, v)`, each `[B, n_kv, S, d]`, k normed and rotated."""
         cos, sin = self.rope(position_ids, ctx.dtype)
         return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
 

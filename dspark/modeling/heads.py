@@ -5,10 +5,11 @@ Markov heads add a bias to slot k's backbone logits U_k from the previous token 
 
 - `vanilla`: bias_k = W2(W1[x_{k-1}])
 - `gated`:   bias_k = W2(g_k * W1[x_{k-1}]), g_k = sigmoid(gate_proj([h_k ; W1[x_{k-1}]]))
-- `rnn`:     a GRU-like state over [s_{k-1} ; W1[x_{k-1}] ; h_k] (s_{-1} = 0):
-             [a ; c] = joint_proj([s_{k-1} ; e_k ; h_k]), z = sigmoid(a),
-             s_k = (1 - z) * s_{k-1} + z * tanh(c), bias_k = W2(e_k + s_k)
-             so slot k sees the whole prefix while keeping the vanilla path.
+- `rnn`:     DeepSpec's exact recurrence (s_{-1} = 0), so its checkpoints and ours load
+             into each other: [g ; c ; o] = joint_proj([s_{k-1} ; W1[x_{k-1}] ; h_k])
+             (Linear(2r + H -> 3r)), s_k = sigmoid(g) * s_{k-1} + (1 - sigmoid(g)) * tanh(c),
+             bias_k = W2(tanh(o)): the output reads the previous state s_{k-1} (through o),
+             not s_k.
 
 W1 = `markov_w1` Embedding(V, r), W2 = `markov_w2` Linear(r, V, bias=False) (weight [V, r]).
 The feature a head hands the confidence head (`feat`) is the raw W1[x_{k-1}] for every type.
@@ -83,7 +84,7 @@ class RNNMarkovHead(MarkovHead):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.joint_proj = nn.Linear(2 * self.rank + config.hidden_size, 2 * self.rank)
+        self.joint_proj = nn.Linear(2 * self.rank + config.hidden_size, 3 * self.rank)
 
     def init_state(self, batch: int):
         w = self.markov_w2.weight
@@ -92,10 +93,11 @@ class RNNMarkovHead(MarkovHead):
     def mix(self, h, emb, state):
         if state is None:
             state = torch.zeros(*h.shape[:-1], self.rank, device=h.device, dtype=h.dtype)
-        a, c = self.joint_proj(torch.cat([state.to(h.dtype), emb, h], dim=-1)).chunk(2, dim=-1)
-        z = torch.sigmoid(a)
-        new_state = (1 - z) * state + z * torch.tanh(c)
-        return emb + new_state, new_state
+        state = state.to(h.dtype)
+        g, c, o = self.joint_proj(torch.cat([state, emb, h], dim=-1)).chunk(3, dim=-1)
+        z = torch.sigmoid(g)
+        new_state = z * state + (1 - z) * torch.tanh(c)
+        return torch.tanh(o), new_state
 
     def teacher_forced(self, h, prev_tokens):
         emb = self.markov_w1(prev_tokens)

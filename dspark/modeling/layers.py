@@ -107,7 +107,8 @@ def _flex_attention(device: torch.device):
 
 
 class DSparkAttention(nn.Module):
-    """Block queries over [context ; block] keys/values (q/k RMSNorm for Qwen3 targets)."""
+    """Block queries over [context ; block] keys/values; Qwen3-style (per-head q/k RMSNorm)
+    for every target family, so the one engine class `Qwen3DSparkModel` serves every draft."""
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -120,20 +121,14 @@ class DSparkAttention(nn.Module):
         self.q_proj = nn.Linear(H, self.num_heads * d, bias=bias)
         self.k_proj = nn.Linear(H, self.num_kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(H, self.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, H, bias=bool(config.attention_bias))
-        if config.use_qk_norm:
-            self.q_norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
-            self.k_norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
-        else:
-            self.q_norm = None
-            self.k_norm = None
+        self.o_proj = nn.Linear(self.num_heads * d, H, bias=bias)
+        self.q_norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
+        self.k_norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
 
     def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """`x [B, T, H]` -> `(k, v)` each `[B, n_kv, T, d]`, k normed (Qwen3) and rotated."""
+        """`x [B, T, H]` -> `(k, v)` each `[B, n_kv, T, d]`, k normed and rotated."""
         B, T, _ = x.shape
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         return k, v
@@ -149,9 +144,7 @@ class DSparkAttention(nn.Module):
     ) -> torch.Tensor:
         """`x [B, Q, H]` block states; `ctx_k/ctx_v [B, n_kv, C, d]`; `mask` over `C + Q` keys."""
         B, Q, _ = x.shape
-        q = self.q_proj(x).view(B, Q, self.num_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
+        q = self.q_norm(self.q_proj(x).view(B, Q, self.num_heads, self.head_dim))
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k_b, v_b = self.project_kv(x, cos, sin)
         k = torch.cat([ctx_k.to(k_b.dtype), k_b], dim=2)

@@ -10,6 +10,15 @@ from torch.utils.data import DataLoader
 from dspark.errors import BadInputError, MissingPathError, require_draft_dir
 from dspark.target import load_target
 
+# Text whose target activations calibrate a warm start's q/k norms (any ordinary prose works).
+CALIBRATION_TEXT = (
+    "Speculative decoding lets a small draft model propose several tokens that the large target "
+    "model then verifies in a single forward pass. If the draft is accurate, many tokens are "
+    "accepted at once, and generation becomes faster while the output distribution stays the "
+    "same. Question: a train travels 60 miles in 1.5 hours; what is its average speed? Answer: "
+    "60 / 1.5 = 40 miles per hour."
+)
+
 
 def build_draft(cfg, device: torch.device):
     """The frozen target, its tokenizer, and the draft (fresh from the target, or `init_from`)."""
@@ -45,6 +54,11 @@ def build_draft(cfg, device: torch.device):
             target_name_or_path=cfg.target.name,
         )
         draft = DSparkDraftModel.from_target(target, config)
+        if d.init == "target_layers":
+            from dspark.modeling.warm_start import warm_start_from_target
+
+            calib = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"].to(device)
+            warm_start_from_target(draft, target, d.init_layers, calib)
     draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)
     return target, tokenizer, draft.to(device)
 
@@ -101,7 +115,14 @@ def load_datasets(cfg, tokenizer):
     """Train and held-out splits of a tokenized dataset dir (`input_ids`, `loss_mask`)."""
     from datasets import load_from_disk
 
-    def load(path: str):
+    def load(spec: str):
+        """One tokenized dir, or several joined by commas (concatenated in that order)."""
+        from datasets import concatenate_datasets
+
+        parts = [load_one(p.strip()) for p in str(spec).split(",") if p.strip()]
+        return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+    def load_one(path: str):
         p = Path(path).expanduser()
         if not p.exists():
             raise MissingPathError(

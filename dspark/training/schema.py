@@ -26,6 +26,9 @@ class TargetConfig:
 @dataclass
 class DraftConfig:
     init_from: str | None = None  # an existing draft dir to fine-tune; None builds a fresh one
+    # A fresh draft's init: target_layers copies target decoder layers (modeling/warm_start.py)
+    init: str = "target_layers"
+    init_layers: list[int] | None = None  # target layers to copy; None: the last num_hidden_layers
     num_hidden_layers: int = 5
     block_size: int = 7
     target_layer_ids: list[int] | None = None  # None: spread evenly over 1..N-3
@@ -40,7 +43,8 @@ class DraftConfig:
 
 @dataclass
 class DataConfig:
-    train: str = MISSING  # a tokenized dataset dir (data_scripts/regenerate.py --tokenize)
+    # a tokenized dataset dir (regenerate.py --tokenize), or several: a,b (CLI: 'data.train="a,b"')
+    train: str = MISSING
     # When `train` does not exist yet and `prompts` is set (embedded | a prompt file), the run
     # first regenerates those prompts with the target and tokenizes them into `train`.
     prompts: str | None = None
@@ -116,6 +120,7 @@ class DistillConfig:
 
 _CHOICES = {
     ("draft", "markov_head_type"): ("vanilla", "gated", "rnn"),
+    ("draft", "init"): ("random", "target_layers"),
     ("trainer", "mixed_precision"): ("no", "bf16", "fp16"),
     ("trainer", "attention"): ("auto", "sdpa", "flex"),
     ("tracking", "backend"): ("wandb", "none"),

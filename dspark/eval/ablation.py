@@ -1,0 +1,55 @@
+"""Ablation table: drafts trained at equal budget, compared by held-out tau_probabilistic (from
+their training runs) and decoder tau (bonus counted) on benchmark prompts at T=0 and T=1.
+
+Decoder tau needs no timing, so only the speculative decoder runs (batch 1, first turn, the
+first `num_prompts` prompts of each set, `max_new_tokens`); T>0 decoding is lossless sampling
+with a fixed seed. Every draft of a table shares these conditions, written beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Final held-out metrics and the run's draft-shape overrides of a distill run dir."""
+    res = json.loads((run_dir / "results.json").read_text())
+    final = res.get("final_eval") or res.get("eval") or {}
+    return {k: v for k, v in final.items() if "tau" in k or "loss" in k or "accept_rate" in k}
+
+
+@torch.inference_mode()
+def decoder_tau(target, tokenizer, draft, prompts, *, temperature, max_new_tokens, seed=0) -> dict:
+    """Pooled decoder tau and per-position acceptance over `prompts` (token-id lists)."""
+    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding.output import GenerationOutput
+
+    dec = SpeculativeDecoder(target, draft, temperature=temperature, max_length=4096)
+    eos = tokenizer.eos_token_id
+    outs = [
+        dec.generate([p], max_new_tokens, eos_token_id=eos, seed=seed + i)
+        for i, p in enumerate(prompts)
+    ]
+    pooled = GenerationOutput(
+        sequences=[s for o in outs for s in o.sequences],
+        accept_lengths=[a for o in outs for a in o.accept_lengths],
+        verify_lengths=[v for o in outs for v in o.verify_lengths],
+    )
+    return {
+        "tau": pooled.tau,
+        "accept_by_position": pooled.acceptance_by_position(),
+        "rounds": sum(map(len, pooled.accept_lengths)),
+    }
+
+
+def render_table(rows: list[dict], sets: list[str], temps: list[float]) -> str:
+    head = ["draft", "held-out tau_prob"] + [f"{s} T={t:g}" for t in temps for s in sets]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["label"], f"{r['train'].get('eval/tau_probabilistic', float('nan')):.3f}"]
+        cells += [f"{r['decoder'][f'{s}@{t:g}']['tau']:.2f}" for t in temps for s in sets]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""The decoder's cost model on the actual device: what a speculative round costs against a
+plain AR step, and so which tau a draft needs before it pays off.
+
+Measured with the decoder's own parts (`TargetRunner`, static caches, `propose`) at batch 1
+over a context of `context_len` tokens:
+- `t_ar`: one plain AR step (1 token, logits, argmax);
+- `t_verify[n]`: one target pass over n = L + 1 tokens (anchor + L drafts) with the tapped
+  features, plus writing them into the draft context cache (what a round does after drafting);
+- `t_draft[layers]`: one `propose` call (block pass + serial Markov loop + confidence) of a
+  draft with that many layers, block size `block_size`, rank `markov_rank`, at T = 0.
+A round that verifies L drafts costs `t_draft + t_verify[L + 1]`; it commits tau tokens on
+average, so the speedup over plain decoding is `tau * t_ar / (t_draft + t_verify[L + 1])`
+and the break-even tau is `(t_draft + t_verify[L + 1]) / t_ar`. Given a per-position
+acceptance profile (P(draft k accepted | drafts < k accepted)), `best_verify_length` picks the
+L that maximises that speedup.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from dspark.config import DSparkConfig
+from dspark.modeling import DSparkDraftModel
+
+
+def _median_time(fn, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_costs(
+    target,
+    *,
+    draft_layers: Sequence[int] = (1, 2, 3, 5),
+    block_size: int = 7,
+    markov_rank: int = 64,
+    context_len: int = 256,
+    repeats: int = 15,
+    mask_token_id: int = 0,
+) -> dict:
+    """Seconds per AR step, per verify pass of n tokens and per draft round (see module doc)."""
+    drafts = {}  # built outside inference mode: the T=0 pruner tracks weight versions
+    for n_layers in draft_layers:
+        cfg = DSparkConfig.from_target_config(
+            target.config,
+            num_hidden_layers=n_layers,
+            block_size=block_size,
+            markov_rank=markov_rank,
+            mask_token_id=mask_token_id,
+        )
+        torch.manual_seed(0)
+        drafts[n_layers] = DSparkDraftModel.from_target(target, cfg).eval()
+    with torch.inference_mode():
+        return _measure(
+            target, drafts, block_size, context_len, repeats, mask_token_id, markov_rank
+        )
+
+
+def _measure(target, drafts, block_size, context_len, repeats, mask_token_id, markov_rank) -> dict:
+    from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
+    from dspark.decoding.draft_step import propose
+    from dspark.decoding.target_step import TargetRunner
+
+    dev = next(target.parameters()).device
+    g = int(block_size)
+    max_len = bucket(context_len + g + 2, 64, 1 << 20)
+    torch.manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (1, context_len), device=dev)
+    pos = torch.arange(context_len, device=dev)[None]
+    d_any = next(iter(drafts.values()))
+    runner = TargetRunner(target, d_any.config.target_layer_ids)
+    cache = TargetKVCache.for_model(target, 1, max_len)
+    _, taps = runner.forward(
+        ids, pos, cache, bucket(context_len, 16, max_len), start=0, tapped=True
+    )
+    kv_len = bucket(context_len + g + 1, 16, max_len)
+
+    def target_pass(n: int, tapped: bool):
+        step_ids = ids[:, :n]
+        step_pos = pos[:, :n] + context_len
+        return runner.forward(step_ids, step_pos, cache, kv_len, start=context_len, tapped=tapped)
+
+    out: dict = {"t_ar": _median_time(lambda: target_pass(1, False)[0].argmax(-1), repeats)}
+
+    def verify(n: int):
+        logits, t = target_pass(n, True)
+        logits.argmax(-1)
+        ctx_any.write(
+            d_any.context_kv(d_any.encode_context(t), pos[:, :n] + context_len), pos[:, :n], 0
+        )
+
+    ctx_any = DraftContextCache(1, max_len)
+    out["t_verify"] = {n: _median_time(lambda n=n: verify(n), repeats) for n in range(1, g + 2)}
+    out["t_draft"] = {}
+    anchor = ids[:, -1]
+    apos = torch.tensor([context_len], device=dev)
+    slots = torch.arange(max_len, device=dev)
+    for n_layers, d in drafts.items():
+        ctx = DraftContextCache(1, max_len)
+        ctx.write(d.context_kv(d.encode_context(taps), pos), pos, 0)
+        n_ctx = bucket(context_len, 16, max_len)
+        valid = slots[None, :n_ctx] < apos[:, None]
+
+        def draft_round(d=d, ctx=ctx, valid=valid, n_ctx=n_ctx):
+            propose(d, anchor, apos, ctx.view(n_ctx), valid, gamma=g, mask_token_id=mask_token_id)
+
+        out["t_draft"][n_layers] = _median_time(draft_round, repeats)
+    out["conditions"] = {
+        "target": getattr(target.config, "_name_or_path", "") or target.config.model_type,
+        "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "batch": 1,
+        "context_len": context_len,
+        "block_size": g,
+        "markov_rank": markov_rank,
+        "temperature": 0.0,
+        "repeats": repeats,
+    }
+    return out
+
+
+def expected_tokens(accept: Sequence[float], n_verify: int) -> float:
+    """tau of a round that verifies `n_verify` drafts: 1 + sum_k prod_{i<=k} accept_i."""
+    tau, surv = 1.0, 1.0
+    for a in list(accept)[:n_verify]:
+        surv *= a
+        tau += surv
+    return tau
+
+
+def speedup(tau: float, t_ar: float, t_draft: float, t_verify: float) -> float:
+    return tau * t_ar / (t_draft + t_verify)
+
+
+def best_verify_length(costs: dict, accept: Sequence[float], draft_layers: int) -> dict:
+    """The verify length L (1..block size) with the highest predicted speedup for a draft of
+    `draft_layers` layers whose conditional acceptance per position is `accept`."""
+    t_ar, t_draft = costs["t_ar"], costs["t_draft"][draft_layers]
+    rows = []
+    for L in range(1, len(accept) + 1):
+        tau = expected_tokens(accept, L)
+        rows.append(
+            {"L": L, "tau": tau, "speedup": speedup(tau, t_ar, t_draft, costs["t_verify"][L + 1])}
+        )
+    return max(rows, key=lambda r: r["speedup"]) | {"all": rows}

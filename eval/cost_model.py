@@ -1,0 +1,119 @@
+"""What a speculative round costs against a plain AR step on this machine, and so the tau a
+draft needs to pay off (break-even) and the verify length that pays best.
+
+    python eval/cost_model.py [--target embedded] [--threads 2] [--dtype float32]
+        [--layers 1 2 3 5] [--block-size 7] [--markov-rank 64] [--accept 0.7 0.6 ...]
+        [--out runs/cost_model]
+
+Writes cost_model.json, cost_model.md and cost_model.png (time per pass vs tokens verified).
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from dspark.eval.cost_model import best_verify_length, measure_costs  # noqa: E402
+from dspark.target import load_target  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--target", default="embedded")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 3, 5])
+    ap.add_argument("--block-size", type=int, default=7)
+    ap.add_argument("--markov-rank", type=int, default=64)
+    ap.add_argument("--context-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument(
+        "--accept",
+        type=float,
+        nargs="*",
+        default=None,
+        help="P(accept k | k-1 accepted) per position",
+    )
+    ap.add_argument("--out", default="runs/cost_model")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    target, _ = load_target(args.target, dtype=args.dtype)
+    c = measure_costs(
+        target,
+        draft_layers=args.layers,
+        block_size=args.block_size,
+        markov_rank=args.markov_rank,
+        context_len=args.context_len,
+        repeats=args.repeats,
+    )
+    c["conditions"]["target"] = args.target
+    t_ar = c["t_ar"]
+    lines = [
+        "# Speculative round cost vs plain AR step",
+        "",
+        "Conditions: " + ", ".join(f"{k}={v}" for k, v in c["conditions"].items()),
+        "",
+        f"Plain AR step: {t_ar * 1e3:.1f} ms",
+        "",
+        "| tokens in the target pass (anchor + L drafts) | ms | x AR step |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {n} | {t * 1e3:.1f} | {t / t_ar:.2f} |" for n, t in c["t_verify"].items()]
+    lines += [
+        "",
+        "| draft layers | draft round ms | break-even tau (verify all drafts) |",
+        "|---|---|---|",
+    ]
+    g = args.block_size
+    c["break_even_tau"] = {}
+    for n_layers, t in c["t_draft"].items():
+        be = (t + c["t_verify"][g + 1]) / t_ar
+        c["break_even_tau"][n_layers] = be
+        lines.append(f"| {n_layers} | {t * 1e3:.1f} | {be:.2f} |")
+    if args.accept:
+        lines += ["", f"Acceptance profile {args.accept}: best verify length per draft size", ""]
+        c["best"] = {}
+        for n_layers in c["t_draft"]:
+            best = best_verify_length(c, args.accept, n_layers)
+            c["best"][n_layers] = best
+            lines.append(
+                f"- {n_layers} layers: L={best['L']}, tau={best['tau']:.2f}, "
+                f"predicted speedup {best['speedup']:.2f}x"
+            )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cost_model.json").write_text(json.dumps(c, indent=2) + "\n")
+    (out / "cost_model.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ns = list(c["t_verify"])
+    ax.plot(ns, [c["t_verify"][n] / t_ar for n in ns], "o-", label="target pass (x AR step)")
+    for n_layers, t in c["t_draft"].items():
+        ax.plot(
+            ns,
+            [(t + c["t_verify"][n]) / t_ar for n in ns],
+            "--",
+            label=f"round, {n_layers}-layer draft",
+        )
+    ax.set_xlabel("tokens in the target pass (anchor + drafts)")
+    ax.set_ylabel("cost / plain AR step = break-even tau")
+    ax.set_title(f"{args.target} {args.dtype}, {args.threads} threads, batch 1", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "cost_model.png", dpi=120)
+    print("\n".join(lines))
+    print(f"-> {out}/cost_model.{{json,md,png}}")
+
+
+if __name__ == "__main__":
+    main()
