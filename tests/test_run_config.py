@@ -67,6 +67,22 @@ def test_bad_choice_names_allowed_values():
         check(cfg)
 
 
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_recipes_restate_no_default(recipe):
+    """A recipe only says how it differs from the schema plus the group options it picks."""
+    node = OmegaConf.load(RECIPES_DIR / f"{recipe}.yaml")
+    picks = []
+    for entry in node.get("defaults", []):
+        ((key, value),) = entry.items()
+        picks.append(f"{key.removeprefix('override /')}={value}")
+    base = _compose([*picks, "data.train=unset"])
+    for group in GROUPS:
+        for key, value in (node.get(group) or {}).items():
+            assert base[group][key] != value, (
+                f"recipes/{recipe}.yaml restates the default {group}.{key}={value}"
+            )
+
+
 def test_defaults_live_in_the_schema_only():
     # Group files may only differ from the schema; none restates a schema default.
     from dspark.training.schema import DistillConfig
