@@ -102,9 +102,7 @@ class TrackingConfig:
     backend: str = "wandb"
     project: str = "dspark"  # W&B / Trackio project, MLflow experiment, TensorBoard subfolder
     run_name: str | None = None
-    mode: str = (
-        "auto"  # W&B only: auto (online with WANDB_API_KEY, else offline) | online | offline
-    )
+    mode: str = "auto"  # W&B only: auto (online if WANDB_API_KEY, else offline), online, offline
 
 
 @dataclass
@@ -123,7 +121,7 @@ _CHOICES = {
     ("draft", "init"): ("random", "target_layers"),
     ("trainer", "mixed_precision"): ("no", "bf16", "fp16"),
     ("trainer", "attention"): ("auto", "sdpa", "flex"),
-    ("tracking", "backend"): ("wandb", "none"),
+    ("tracking", "backend"): ("wandb", "tensorboard", "trackio", "mlflow", "none"),
     ("tracking", "mode"): ("auto", "online", "offline"),
     ("target", "dtype"): ("float32", "bfloat16", "float16", "auto"),
 }
