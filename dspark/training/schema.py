@@ -72,7 +72,8 @@ class ObjectiveConfig:
 class OptimConfig:
     lr: float = 6e-4
     weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    # torch's AdamW default, which DeepSpec's reference training uses
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     grad_clip: float = 1.0
