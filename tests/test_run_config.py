@@ -73,8 +73,11 @@ def test_recipes_restate_no_default(recipe):
     node = OmegaConf.load(RECIPES_DIR / f"{recipe}.yaml")
     picks = []
     for entry in node.get("defaults", []):
+        if isinstance(entry, str):  # another recipe it builds on: compare against that one
+            picks.append(f"recipe={entry}")
+            continue
         ((key, value),) = entry.items()
-        picks.append(f"{key.removeprefix('override /')}={value}")
+        picks.append(f"{key.removeprefix('override ').removeprefix('/')}={value}")
     base = _compose([*picks, "data.train=unset"])
     for group in GROUPS:
         for key, value in (node.get(group) or {}).items():
