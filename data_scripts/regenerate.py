@@ -7,14 +7,10 @@ Backends: `--backend decoder` (default; dspark's static-cache decoder, `--batch-
 per batch, 32, grouped by prompt length), `--backend hf` (HF generate, the fallback),
 `--server URL` (vLLM / SGLang via the openai client). Rerun the same command to resume after
 a kill. See dspark/data/regenerate.py.
+Console script: `dspark-regenerate` (dspark/cli.py).
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dspark.data.cli import regenerate_main  # noqa: E402
+from dspark.cli import regenerate
 
 if __name__ == "__main__":
-    sys.exit(regenerate_main())
+    regenerate()

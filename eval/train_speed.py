@@ -19,11 +19,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
 
+from dspark.errors import user_errors  # noqa: E402
 from dspark.training.schema import check, register_configs  # noqa: E402
 from dspark.training.speed import measure_step_cost  # noqa: E402
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 def fixed_answer_set(cfg, answer_tokens: int, out: Path) -> str:
@@ -61,12 +63,15 @@ def main() -> None:
     recipe = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("recipe=")), "custom")
     out = Path(args.out or f"runs/{recipe}")
     out.mkdir(parents=True, exist_ok=True)
-    register_configs()
+    register_configs(CHECKOUT / "recipes")
 
     def config(extra):
-        with initialize_config_dir(str(CONF), version_base=None):
-            cfg = compose("config", overrides=[*args.overrides, *extra, "trainer.output_dir=x"])
-        check(cfg)
+        # Hydra's composition errors (a misspelt key) already name the key: no traceback either.
+        with user_errors("train_speed", also=(HydraException,)):
+            with initialize_config_dir(str(CHECKOUT / "conf"), version_base=None):
+                overrides = [*args.overrides, *extra, "trainer.output_dir=x"]
+                cfg = compose("config", overrides=overrides)
+            check(cfg)
         return cfg
 
     data = []

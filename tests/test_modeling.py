@@ -88,7 +88,6 @@ def test_config_copies_target(tiny_target, arch):
         ({"block_size": 0}, "block_size"),
         ({"markov_head_type": "lstm"}, "markov_head_type"),
         ({"mask_token_id": 10_000}, "outside the vocabulary"),
-        ({"markov_rank": 0}, "confidence_head_with_markov"),
     ],
 )
 def test_config_validation(tiny_target, kw, msg):
@@ -96,6 +95,21 @@ def test_config_validation(tiny_target, kw, msg):
     kw = {"mask_token_id": 5, **kw}
     with pytest.raises(ValueError, match=msg):
         DSparkConfig.from_target_config(target.config, **kw)
+
+
+def test_markov_rank_0_means_confidence_on_h_k_alone(tiny_target, tmp_path):
+    """`draft.markov_rank=0` with the schema's other defaults (README sweep) is a valid draft:
+    no Markov head, a confidence head Linear(H -> 1) reading h_k only, saved as such."""
+    target, _ = tiny_target("qwen3")
+    cfg = DSparkConfig.from_target_config(
+        target.config, mask_token_id=5, markov_rank=0, confidence_head_with_markov=True
+    )
+    assert cfg.confidence_head_with_markov is False and cfg.enable_confidence_head
+    draft = DSparkDraftModel.from_target(target, cfg)
+    assert draft.markov_head is None
+    assert draft.confidence_head.proj.in_features == cfg.hidden_size
+    cfg.save_pretrained(tmp_path)
+    assert DSparkConfig.from_pretrained(tmp_path).confidence_head_with_markov is False
 
 
 def test_choose_mask_token_fallbacks():

@@ -7,15 +7,16 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from dspark.training.schema import RECIPES_DIR, check, register_configs
+from dspark.training.schema import check, register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+RECIPES_DIR = CONF.parent / "recipes"
 GROUPS = ["target", "draft", "data", "objective", "optim", "trainer", "tracking"]
 
 
 def _compose(overrides):
     GlobalHydra.instance().clear()
-    register_configs()
+    register_configs(RECIPES_DIR)
     with initialize_config_dir(str(CONF), version_base=None):
         return compose("config", overrides=overrides, return_hydra_config=True)
 
@@ -64,6 +65,25 @@ def test_bad_choice_names_allowed_values():
     cfg = _compose(["recipe=debug", "draft.markov_head_type=lstm"])
     with pytest.raises(ValueError, match="vanilla"):
         check(cfg)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_recipes_restate_no_default(recipe):
+    """A recipe only says how it differs from the schema plus the group options it picks."""
+    node = OmegaConf.load(RECIPES_DIR / f"{recipe}.yaml")
+    picks = []
+    for entry in node.get("defaults", []):
+        if isinstance(entry, str):  # another recipe it builds on: compare against that one
+            picks.append(f"recipe={entry}")
+            continue
+        ((key, value),) = entry.items()
+        picks.append(f"{key.removeprefix('override ').removeprefix('/')}={value}")
+    base = _compose([*picks, "data.train=unset"])
+    for group in GROUPS:
+        for key, value in (node.get(group) or {}).items():
+            assert base[group][key] != value, (
+                f"recipes/{recipe}.yaml restates the default {group}.{key}={value}"
+            )
 
 
 def test_defaults_live_in_the_schema_only():

@@ -15,7 +15,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 def debug_cfg(tmp_path, data_dir, *overrides):
     GlobalHydra.instance().clear()
-    register_configs()
+    register_configs(CONF.parent / "recipes")
     with initialize_config_dir(str(CONF), version_base=None):
         cfg = compose(
             "config",

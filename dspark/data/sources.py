@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark.errors import BadInputError, MissingPathError
+
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {
     "human": "user",
@@ -251,7 +253,7 @@ def load_raw_dataset(source: str, split: str = "train", name: str | None = None)
     if path.is_file():
         builder = _FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
-            raise ValueError(
+            raise BadInputError(
                 f"{path}: unsupported file type {path.suffix!r}; use one of "
                 + ", ".join(sorted(_FILE_BUILDERS))
             )
@@ -262,8 +264,17 @@ def load_raw_dataset(source: str, split: str = "train", name: str | None = None)
             return ds[split] if isinstance(ds, datasets.DatasetDict) else ds
         return datasets.load_dataset(str(path), split=split)
     if source.startswith((".", "/", "~")) or path.suffix.lower() in _FILE_BUILDERS:
-        raise FileNotFoundError(f"prompt source {source!r} does not exist")
-    return datasets.load_dataset(source, name, split=split)
+        raise MissingPathError(
+            f"prompt source {source!r} does not exist; pass an existing file or dataset dir, "
+            "`embedded`, or a hub dataset name"
+        )
+    try:
+        return datasets.load_dataset(source, name, split=split)
+    except ConnectionError as e:  # offline (HF_DATASETS_OFFLINE=1) or no network, not cached
+        raise MissingPathError(
+            f"prompt source {source!r} is no local file or dir, and the hub cannot be reached "
+            f"({e}): pass a local file, `embedded`, or download it first with hub access"
+        ) from None
 
 
 def load_prompts(

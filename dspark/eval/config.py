@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 from omegaconf import MISSING
 
+from dspark.errors import UserError
+
 SCHEMA_NAME = "benchmark_schema"
 
 
@@ -90,7 +92,7 @@ def _keys(cls, prefix: str = "") -> dict[str, object]:
 
 
 def check_overrides(argv: list[str] | None = None) -> None:
-    """Exit with a 'did you mean' for a `key=value` argument naming no benchmark key.
+    """Raise a `UserError` with a 'did you mean' for a `key=value` argument naming no key.
 
     Hydra rejects such keys too; this only makes the message point at the likely spelling.
     """
@@ -103,7 +105,6 @@ def check_overrides(argv: list[str] | None = None) -> None:
             continue
         close = difflib.get_close_matches(key, list(known), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        sys.exit(
-            f"benchmark: unknown config key '{key}' in '{arg}'.{hint} "
-            f"Known keys: {', '.join(sorted(known))}"
+        raise UserError(
+            f"unknown config key '{key}' in '{arg}'.{hint} Known keys: {', '.join(sorted(known))}"
         )

@@ -408,12 +408,13 @@ def write_rounds(records: list[DatasetRecord], path) -> None:
 # -- the whole run ------------------------------------------------------------------------------
 def load_models(cfg):
     """(target, tokenizer, draft, target spec) on the configured device and dtype."""
+    from dspark.errors import require_draft_dir
     from dspark.modeling import DSparkDraftModel
     from dspark.target import _as_dtype, load_target
 
     device = resolve_device(cfg.device)
     dtype = _as_dtype(cfg.dtype)
-    draft = DSparkDraftModel.from_pretrained(cfg.draft)
+    draft = DSparkDraftModel.from_pretrained(require_draft_dir(cfg.draft, "draft"))
     spec = cfg.target or getattr(draft.config, "target_name_or_path", None)
     if not spec:
         raise ValueError(f"the draft at {cfg.draft} names no target_name_or_path; pass target=...")

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from dspark.errors import BadInputError, MissingPathError
 from dspark.target import load_target
 
 # Text whose target activations calibrate a warm start's q/k norms (any ordinary prose works).
@@ -29,7 +30,7 @@ def build_draft(cfg, device: torch.device):
     if d.init_from:
         from dspark.export import load_draft  # ours, DeepSpec's or speculators' layout
 
-        draft = load_draft(d.init_from).train()
+        draft = load_draft(d.init_from).train()  # names the layouts it knows on a bad dir
         if draft.config.hidden_size != target.config.hidden_size:
             raise ValueError(
                 f"draft.init_from={d.init_from} was trained for a target of hidden size "
@@ -178,15 +179,24 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
     def load_one(path: str):
         p = Path(path).expanduser()
         if not p.exists():
-            raise FileNotFoundError(
+            raise MissingPathError(
                 f"data dir {p} does not exist. Make one with `python data_scripts/regenerate.py "
                 f"... --tokenize` (see README), or point data.train at an existing tokenized set."
+            )
+        if not (p / "state.json").exists():  # what `save_to_disk` writes; else datasets' OSError
+            hint = (
+                " (its tokenized/ subfolder?)" if (p / "tokenized" / "state.json").exists() else ""
+            )
+            raise BadInputError(
+                f"{p} is not a tokenized dataset{hint}: point data.train / data.eval at the "
+                "directory `data_scripts/regenerate.py ... --tokenize` writes (OUTPUT/tokenized)"
             )
         ds = load_from_disk(str(p))
         missing = {"input_ids", "loss_mask"} - set(ds.column_names)
         if missing:
-            raise ValueError(
-                f"{p} lacks columns {sorted(missing)}; it is not a tokenized training set"
+            raise BadInputError(
+                f"{p} lacks columns {sorted(missing)}; it is not a tokenized training set "
+                "(make one with `data_scripts/tokenize_data.py`)"
             )
         columns = ["input_ids", "loss_mask"]
         if cached:  # each row keeps its number in the cached set through splits and subsets

@@ -32,7 +32,7 @@ from dspark.training.optim import build_optimizer, warmup_cosine
 from dspark.training.precision import resolve_mixed_precision
 from dspark.training.report import write_report
 from dspark.training.sharding import check_shardable, shard_target
-from dspark.training.tracking import JsonlLog, init_tracking
+from dspark.training.tracking import init_tracking, trackers
 
 COUNT_METRICS = ("supervised_tokens", "blocks")
 
@@ -95,7 +95,7 @@ def run(cfg) -> dict:
     accelerator = Accelerator(
         mixed_precision=mixed_precision,
         gradient_accumulation_steps=t_cfg.gradient_accumulation_steps,
-        log_with="wandb" if cfg.tracking.backend == "wandb" else None,
+        log_with=trackers(cfg.tracking, out),  # metrics.jsonl + the conf/tracking/ choice
         project_dir=str(out),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
@@ -135,7 +135,6 @@ def run(cfg) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=2))
     init_tracking(accelerator, cfg.tracking, out, run_config)
-    log = JsonlLog(out / "metrics.jsonl", main)
     reducer = AccelerateReducer(accelerator)
 
     def evaluate() -> dict:
@@ -200,7 +199,6 @@ def run(cfg) -> dict:
                 if grad_norm is not None:
                     record["grad_norm"] = float(grad_norm)
                 history.append(record)
-                log.write(record)
                 accelerator.log(record, step=progress.step)
                 bar.set_postfix(
                     loss=f"{float(metrics.get('loss', loss)):.4f}",
@@ -209,7 +207,6 @@ def run(cfg) -> dict:
                 tokens, t_window = 0, time.perf_counter()
             if t_cfg.eval_every and progress.step % t_cfg.eval_every == 0 and progress.step < total:
                 record = {"step": progress.step, **evaluate()}
-                log.write(record)
                 accelerator.log(record, step=progress.step)
             if t_cfg.save_every and progress.step % t_cfg.save_every == 0 and progress.step < total:
                 save_checkpoint(accelerator, draft, progress, out, t_cfg.keep_last)
@@ -221,7 +218,6 @@ def run(cfg) -> dict:
     bar.close()
 
     final_eval = {"step": progress.step, **evaluate()}
-    log.write(final_eval)
     accelerator.log(final_eval, step=progress.step)
     save_checkpoint(accelerator, draft, progress, out, t_cfg.keep_last)
     draft_dir = publish_draft(accelerator, draft, out)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+
+from dspark.errors import BadInputError
 
 
 @dataclass
@@ -106,7 +108,8 @@ class ObjectiveConfig:
 class OptimConfig:
     lr: float = 6e-4
     weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    # torch's AdamW default, which DeepSpec's reference training uses
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     grad_clip: float = 1.0
@@ -133,10 +136,12 @@ class TrainerConfig:
 
 @dataclass
 class TrackingConfig:
-    backend: str = "wandb"  # wandb | none (local JSONL metrics are always written)
-    project: str = "dspark"
+    # wandb | tensorboard | trackio | mlflow | none, through Accelerate's trackers; the local
+    # metrics.jsonl is always written (dspark/training/tracking.py)
+    backend: str = "wandb"
+    project: str = "dspark"  # W&B / Trackio project, MLflow experiment, TensorBoard subfolder
     run_name: str | None = None
-    mode: str = "auto"  # auto (online with WANDB_API_KEY, else offline) | online | offline
+    mode: str = "auto"  # W&B only: auto (online if WANDB_API_KEY, else offline), online, offline
 
 
 @dataclass
@@ -155,48 +160,57 @@ _CHOICES = {
     ("draft", "init"): ("random", "target_layers"),
     ("trainer", "mixed_precision"): ("no", "bf16", "fp16", "auto"),
     ("trainer", "attention"): ("auto", "sdpa", "flex"),
-    ("tracking", "backend"): ("wandb", "none"),
+    ("tracking", "backend"): ("wandb", "tensorboard", "trackio", "mlflow", "none"),
     ("tracking", "mode"): ("auto", "online", "offline"),
     ("target", "dtype"): ("float32", "bfloat16", "float16", "auto"),
 }
 
 
 def check(cfg: Any) -> None:
-    """Value checks a type cannot express; each error names the key and the allowed values."""
+    """Value checks a type cannot express; each error (a `BadInputError`, i.e. a ValueError
+    and a user error) names the key, the allowed values and the fix."""
+    if OmegaConf.is_missing(cfg.data, "train"):
+        raise BadInputError(
+            "data.train is not set: pass data.train=DIR, a tokenized dataset "
+            "(python data_scripts/regenerate.py ... --tokenize writes DIR/tokenized)"
+        )
     for (group, key), allowed in _CHOICES.items():
         value = cfg[group][key]
         if value not in allowed:
-            raise ValueError(f"{group}.{key}={value!r} is not one of {allowed}")
+            raise BadInputError(f"{group}.{key}={value!r} is not one of {allowed}")
     if cfg.draft.block_size < 1:
-        raise ValueError(f"draft.block_size must be >= 1, got {cfg.draft.block_size}")
+        raise BadInputError(f"draft.block_size must be >= 1, got {cfg.draft.block_size}")
     if cfg.draft.lora.r < 0:
-        raise ValueError("draft.lora.r must be >= 0 (0: no LoRA, every draft weight trains)")
+        raise BadInputError("draft.lora.r must be >= 0 (0: no LoRA, every draft weight trains)")
     if cfg.draft.markov_rank < 0:
-        raise ValueError("draft.markov_rank must be >= 0 (0 disables the Markov head)")
+        raise BadInputError("draft.markov_rank must be >= 0 (0 disables the Markov head)")
     if not 0.0 <= cfg.data.eval_fraction < 1.0:
-        raise ValueError("data.eval_fraction must be in [0, 1)")
+        raise BadInputError("data.eval_fraction must be in [0, 1)")
     d = cfg.data
     if d.eval_features and not (d.features and d.eval):
-        raise ValueError(
+        raise BadInputError(
             "data.eval_features is the feature cache of data.eval: set data.eval and "
             "data.features (the cache of data.train) with it, or drop it"
         )
     if d.features and d.eval and not d.eval_features:
-        raise ValueError(
+        raise BadInputError(
             "data.features is set and data.eval names its own held-out set: set "
             "data.eval_features to a cache of data.eval (data_scripts/cache_features.py), or "
             "drop data.eval to carve the held-out rows off data.train"
         )
 
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+def register_configs(recipes_dir: Path | None = None) -> None:
+    """Register the schema and every `recipes/*.yaml` as the `recipe` group (`recipe=NAME`).
 
-
-def register_configs(recipes_dir: Path = RECIPES_DIR) -> None:
-    """Register the schema and every `recipes/*.yaml` as the `recipe` group (`recipe=NAME`)."""
+    `recipes_dir=None` finds it by `dspark.paths.find_dir` ($DSPARK_RECIPES, ./recipes, the
+    editable checkout); the scripts pass their own checkout's."""
     from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
 
+    if recipes_dir is None:
+        from dspark.paths import find_dir
+
+        recipes_dir = find_dir("recipes")
     cs = ConfigStore.instance()
     cs.store(name="distill_schema", node=DistillConfig)
     for path in sorted(recipes_dir.glob("*.yaml")):

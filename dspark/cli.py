@@ -1,0 +1,142 @@
+"""Console entry points (`[project.scripts]` in pyproject.toml) and the scripts they stand for.
+
+| console script          | the same command in the checkout |
+|-------------------------|----------------------------------|
+| `dspark-prepare-target` | `python data_scripts/prepare_target.py` |
+| `dspark-regenerate`     | `python data_scripts/regenerate.py` |
+| `dspark-tokenize`       | `python data_scripts/tokenize_data.py` |
+| `dspark-distill`        | `python train/distill.py` (Hydra: `conf/` + `recipes/`) |
+| `dspark-benchmark`      | `python eval/benchmark.py` (Hydra: `conf/benchmark/`) |
+
+The scripts call these functions with their own checkout; the console scripts find `conf/`
+and `recipes/` by `dspark.paths.find_dir`. Each main runs inside `user_errors()`, so an
+expected mistake ends as one `error: ...` line and exit status 2 (`dspark/errors.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from dspark.errors import UserError, user_errors
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _dir(checkout: Path | None, name: str) -> Path:
+    """`conf` or `recipes` of `checkout`, or found by the documented search path."""
+    if checkout is not None:
+        return checkout / name
+    from dspark.paths import find_dir
+
+    return find_dir(name)
+
+
+# -- data_scripts/ ---------------------------------------------------------------------------
+def prepare_target(argv: list[str] | None = None) -> None:
+    """Prepare the embedded target (SmolLM2-135M-Instruct from its PyPI GGUF), show it answering."""
+    import argparse
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local; never wait on a hub
+    from dspark.prepare import SAMPLE_PROMPT
+
+    ap = argparse.ArgumentParser(prog="prepare_target", description=prepare_target.__doc__)
+    ap.add_argument(
+        "--cache-dir",
+        default=None,
+        help="dspark cache root (default $DSPARK_CACHE or ~/.cache/dspark)",
+    )
+    ap.add_argument("--force", action="store_true", help="rebuild even if a prepared copy exists")
+    ap.add_argument("--prompt", default=SAMPLE_PROMPT)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    args = ap.parse_args(argv)
+    with user_errors("prepare_target"):
+        import torch
+
+        from dspark.prepare import greedy_answer, prepare_embedded_target
+        from dspark.target import load_target
+
+        path = prepare_embedded_target(args.cache_dir, force=args.force)
+        model, tok = load_target(str(path))
+        text, n, secs = greedy_answer(model, tok, args.prompt, args.max_new_tokens)
+    print(f"\nuser: {args.prompt}\nassistant: {text}")
+    print(
+        f"[greedy, float32, CPU threads={torch.get_num_threads()}: "
+        f"{n} tokens in {secs:.2f}s = {n / secs:.1f} tokens/s]"
+    )
+
+
+def regenerate(argv: list[str] | None = None) -> None:
+    from dspark.data.cli import regenerate_main
+
+    with user_errors("regenerate"):
+        sys.exit(regenerate_main(argv))
+
+
+def tokenize(argv: list[str] | None = None) -> None:
+    from dspark.data.cli import tokenize_main
+
+    with user_errors("tokenize"):
+        sys.exit(tokenize_main(argv))
+
+
+# -- train/distill.py ------------------------------------------------------------------------
+def _distill_job(cfg) -> float:
+    from omegaconf import OmegaConf
+
+    from dspark.training.schema import check
+
+    with user_errors("distill"):
+        check(cfg)
+        from dspark.training.loop import run
+
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(OmegaConf.to_yaml(cfg, resolve=True))
+        results = run(cfg)
+    return float(results["final_eval"].get("eval/loss", float("nan")))  # for sweepers
+
+
+def distill(checkout: Path | None = None) -> None:
+    """Hydra main of `train/distill.py`: compose `conf/` + `recipe=NAME` + overrides, train."""
+    import hydra
+
+    from dspark.training.schema import register_configs
+
+    with user_errors("distill"):
+        conf = _dir(checkout, "conf")
+        register_configs(_dir(checkout, "recipes"))
+    hydra.main(version_base=None, config_path=str(conf.resolve()), config_name="config")(
+        _distill_job
+    )()
+
+
+# -- eval/benchmark.py -----------------------------------------------------------------------
+def _benchmark_job(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    with user_errors("benchmark"):
+        if OmegaConf.is_missing(cfg, "draft"):
+            raise UserError("pass draft=PATH, a DSpark draft directory (save_pretrained)")
+        from dspark.eval.runner import run
+
+        out_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
+        _, report = run(cfg, out_dir)
+    print(report)
+    print(f"results: {out_dir}/results.json")
+
+
+def benchmark(checkout: Path | None = None) -> None:
+    """Hydra main of `eval/benchmark.py`: `conf/benchmark/benchmark.yaml` + overrides."""
+    import hydra
+
+    from dspark.eval.config import check_overrides, register
+
+    with user_errors("benchmark"):
+        conf = _dir(checkout, "conf")
+        register()
+        check_overrides()
+    hydra.main(
+        version_base="1.3", config_path=str((conf / "benchmark").resolve()), config_name="benchmark"
+    )(_benchmark_job)()

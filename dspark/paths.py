@@ -1,0 +1,61 @@
+"""Where the run-config files live: `conf/` (Hydra groups) and `recipes/` (experiments).
+
+They belong to the checkout, not to the installed package, and every README command runs
+from the checkout root (run directories and recipe data paths are relative to it), so the
+library never derives them from its own install location. Search order, first hit wins:
+
+1. `$DSPARK_CONF` / `$DSPARK_RECIPES`: an explicit directory;
+2. `conf/` / `recipes/` under the current directory (the checkout root);
+3. the source tree of an editable install (`pip install -e .`, as `make setup` does), read
+   from the installed distribution's PEP 610 `direct_url.json`.
+
+The scripts under `train/` and `eval/` pass their own checkout's directories instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from dspark.errors import MissingPathError
+
+ENV = {"conf": "DSPARK_CONF", "recipes": "DSPARK_RECIPES"}
+
+
+def editable_checkout() -> Path | None:
+    """The source directory of an editable `dspark` install, or None (wheel or not installed)."""
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution("dspark").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return None
+    if not text:
+        return None
+    info = json.loads(text)
+    url = info.get("url", "")
+    if not info.get("dir_info", {}).get("editable") or not url.startswith("file://"):
+        return None
+    return Path(url[len("file://") :])
+
+
+def find_dir(name: str) -> Path:
+    """The `conf` or `recipes` directory by the search order above, or a `MissingPathError`."""
+    env = ENV[name]
+    if os.environ.get(env):
+        path = Path(os.environ[env]).expanduser()
+        if not path.is_dir():
+            raise MissingPathError(f"${env}={path} is not a directory; unset it or fix the path")
+        return path
+    candidates = [Path.cwd() / name]
+    checkout = editable_checkout()
+    if checkout is not None:
+        candidates.append(checkout / name)
+    for path in candidates:
+        if path.is_dir():
+            return path
+    raise MissingPathError(
+        f"no {name}/ directory found (looked in {', '.join(str(c) for c in candidates)}); run "
+        f"from the dspark checkout or set {env}=/path/to/dspark/{name}"
+    )
