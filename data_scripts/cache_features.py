@@ -14,11 +14,8 @@ the same command after a kill; finished shards are kept as they are. Format and 
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dspark.data import feature_cache as fc  # noqa: E402
+from dspark.data import feature_cache as fc
 
 
 def main(argv=None) -> int:

@@ -19,9 +19,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dspark.training.memory import (  # noqa: E402
+from dspark.training.memory import (
     KNOWN_TARGETS,
     GiB,
     RunShape,

@@ -80,9 +80,10 @@ def main() -> None:
         data = [f"data.train={path}", "data.eval=null", "data.eval_fraction=0.01"]
     runs = []
     for v in args.variants:
-        res = measure_step_cost(
-            config([*data, *filter(None, v.split(","))]), args.steps, args.warmup, args.device
-        )
+        with user_errors("train_speed", also=(HydraException,)):
+            res = measure_step_cost(
+                config([*data, *filter(None, v.split(","))]), args.steps, args.warmup, args.device
+            )
         runs.append({"variant": v or "(recipe)", **res})
     ref = runs[0]
     for r in runs:  # loss agreement with the first variant, where the batches are the same

@@ -421,7 +421,8 @@ def load_models(cfg):
     target, tokenizer = load_target(spec, dtype=dtype, device=device)
     # The draft may run in a cheaper dtype than the target (bf16 on AMX / tensor-core
     # hardware): verification by the target keeps decoding lossless whatever the draft proposes.
-    draft_dtype = _as_dtype(cfg.draft_dtype) if cfg.draft_dtype else next(target.parameters()).dtype
+    wanted = getattr(cfg, "draft_dtype", None)  # the benchmark's key; other callers pass argparse
+    draft_dtype = _as_dtype(wanted) if wanted else next(target.parameters()).dtype
     draft.to(device=device, dtype=draft_dtype).eval().requires_grad_(False)
     return target, tokenizer, draft, spec
 

@@ -161,7 +161,7 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
 
     from dspark.data.feature_dataset import ROW_COLUMN, CachedFeatureDataset
 
-    cached = bool(cfg.data.features)
+    cached = bool(cfg.data.get("features"))
 
     def load(spec: str):
         """One tokenized dir, or several joined by commas (concatenated in that order)."""
