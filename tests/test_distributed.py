@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_training import debug_data  # noqa: F401  (the shared module fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DDP2 = ROOT / "conf" / "accelerate" / "cpu_ddp2.yaml"
@@ -35,22 +36,7 @@ def launch_env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def debug_data(tmp_path_factory, tiny_target_dir):
-    """Embedded prompts answered by the tiny target itself, tokenized (the debug recipe's)."""
-    from test_training import debug_cfg
-
-    from dspark.target import load_target
-    from dspark.training.build import regenerate_if_missing
-
-    root = tmp_path_factory.mktemp("dist_data")
-    cfg = debug_cfg(root / "unused", root / "tokenized", "data.prompts_limit=24")
-    target, tok = load_target(cfg.target.name)
-    regenerate_if_missing(cfg, target, tok)
-    return root / "tokenized"
-
-
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, debug_data, tiny_target_dir):
+def two_ranks(tmp_path_factory, debug_data, tiny_target_dir):  # noqa: F811
     """The worker on 2 gloo ranks through conf/accelerate/cpu_ddp2.yaml, and the 1-process
     reference on the same global batch of 4 rows."""
     from ddp_worker import grads_on_rank_share
@@ -112,7 +98,7 @@ def test_the_loop_refuses_launches_that_are_not_what_they_look_like():
         check_launch(2, "MULTI_CPU", {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"})
 
 
-def test_multi_gpu_launch_without_the_cpu_flag_is_refused_by_the_loop(tmp_path, debug_data):
+def test_multi_gpu_launch_without_the_cpu_flag_is_refused_by_the_loop(tmp_path, debug_data):  # noqa: F811
     """The trap of the issue, end to end: `--multi_gpu --num_processes 2` on a CPU starts two
     processes of world size 1; the training loop stops both, naming the fix."""
     env = {k: v for k, v in launch_env().items() if k != "ACCELERATE_USE_CPU"}
@@ -235,7 +221,7 @@ def run_two_nodes(out_dir, data_dir, *extra: str) -> dict:
 
 
 @pytest.mark.slow
-def test_two_nodes_on_localhost_give_the_one_process_losses(tmp_path, debug_data):
+def test_two_nodes_on_localhost_give_the_one_process_losses(tmp_path, debug_data):  # noqa: F811
     """2 "machines" x 1 process (gloo, static rendezvous on 127.0.0.1), per-rank batch 5, give
     the losses of one process with batch 10 at every step; and so does the same 2-node run with
     the frozen target FSDP2-sharded through the training loop (`target.shard=true`)."""
