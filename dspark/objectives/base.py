@@ -56,3 +56,19 @@ class Objective(Protocol):
     def evaluate(
         self, draft, batch: Mapping[str, torch.Tensor], reducer: Reducer | None = None
     ) -> dict[str, float]: ...
+
+
+def reduce_named(reducer: Reducer, sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sum a named mapping of statistics (scalars or vectors) over ranks in ONE collective.
+
+    Each value is flattened into one fp32 buffer, summed by `reducer`, and split back under its
+    name with its own shape, so callers never unpack statistics by position.
+    """
+    names = list(sums)
+    flat = [sums[n].detach().float().reshape(-1) for n in names]
+    glob = reducer.sum(torch.cat(flat))
+    out, i = {}, 0
+    for n, f in zip(names, flat, strict=True):
+        out[n] = glob[i : i + f.numel()].reshape(sums[n].shape)
+        i += f.numel()
+    return out

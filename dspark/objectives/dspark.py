@@ -16,6 +16,8 @@ Metrics (already global):
   block's supervised prefix counts (see `losses.tau_per_block`: a block truncated by the end of
   the data or a loss-mask gap contributes its supervised slots only);
   `tau_probabilistic_full_blocks`: the same over blocks whose gamma slots are all supervised;
+- `tau_greedy`, `greedy_accept@k`: the same with c* replaced by 1[draft argmax == target
+  argmax], i.e. what greedy (T=0) decoding accepts, teacher-forced;
 - `confidence_error`: mean |sigmoid(confidence logit) - c*| over supervised slots;
 - `supervised_tokens`, `blocks`: global counts.
 
@@ -33,12 +35,16 @@ import torch
 
 from dspark import losses as L
 from dspark.capture import FeatureSource, OnlineTargetCapture, target_logits
-from dspark.objectives.base import LocalReducer, Reducer
+from dspark.objectives.base import LocalReducer, Reducer, reduce_named
 from dspark.objectives.documents import document_starts, sample_document_anchors
 
 
 class DSparkObjective:
     name = "dspark"
+    # How the training loop and report treat metrics, declared here so they name none:
+    count_metrics = ("supervised_tokens", "blocks")  # summed over held-out batches, not averaged
+    progress_metrics = ("loss", "tau_probabilistic", "tau_greedy")  # the progress bar
+    curve_metrics = ("tau_probabilistic", "tau_greedy")  # the report's acceptance plot
 
     def __init__(
         self,
@@ -158,58 +164,61 @@ class DSparkObjective:
         with torch.no_grad():
             c_grid = L.scatter_slots(c_star, slot_mask)
             tau = L.tau_per_block(c_grid, slot_mask)
+            # T=0: a slot survives when the draft's argmax is the target's (teacher-forced, so
+            # this is what greedy decoding accepts when every earlier slot was accepted).
+            match = (logits.detach().argmax(-1) == t_logits.argmax(-1)).float()
+            m_grid = L.scatter_slots(match, slot_mask)
+            tau_greedy = L.tau_per_block(m_grid, slot_mask)
             block_ok = slot_mask[..., 0]
             full = slot_mask.all(-1)
-            stats = torch.cat(
-                [
-                    torch.stack(
-                        [
-                            w.sum(),
-                            num_ce.detach(),
-                            num_l1.detach(),
-                            num_bce.detach(),
-                            torch.tensor(float(b_idx.numel()), device=dev),
-                            conf_err,
-                            block_ok.sum().float(),
-                            tau[block_ok].sum(),
-                            full.sum().float(),
-                            tau[full].sum(),
-                        ]
-                    ).float(),
-                    slot_mask.sum((0, 1)).float(),
-                    c_grid.sum((0, 1)).float(),
-                ]
+            glob = reduce_named(
+                reducer,
+                {
+                    "weight": w.sum(),
+                    "ce": num_ce,
+                    "l1": num_l1,
+                    "confidence_bce": num_bce,
+                    "supervised_tokens": torch.tensor(float(b_idx.numel()), device=dev),
+                    "confidence_abs_error": conf_err,
+                    "blocks": block_ok.sum(),
+                    "tau": tau[block_ok].sum(),
+                    "tau_greedy": tau_greedy[block_ok].sum(),
+                    "full_blocks": full.sum(),
+                    "tau_full": tau[full].sum(),
+                    "slots": slot_mask.sum((0, 1)),  # [gamma]
+                    "c_star": c_grid.sum((0, 1)),  # [gamma]
+                    "greedy_match": m_grid.sum((0, 1)),  # [gamma]
+                },
             )
-            glob = reducer.sum(stats)
 
-        den = glob[0]
+        den = glob["weight"]
         safe_den = torch.where(den > 0, den, torch.ones_like(den))
         numerator = self.ce_weight * num_ce + self.l1_weight * num_l1
         if use_conf:
             numerator = numerator + self.confidence_weight * num_bce
         loss = reducer.world_size * numerator / safe_den
-        return loss, self._metrics(glob.tolist(), use_conf)
+        return loss, self._metrics({k: v.tolist() for k, v in glob.items()}, use_conf)
 
-    def _metrics(self, s: list[float], use_conf: bool) -> dict[str, float]:
-        g = self.block_size
-        W, ce, l1, bce, M, cerr, nb, tau, nfull, tau_full = s[:10]
-        counts, csum = s[10 : 10 + g], s[10 + g : 10 + 2 * g]
+    def _metrics(self, s: dict, use_conf: bool) -> dict[str, float]:
+        W, M, nb, nfull = s["weight"], s["supervised_tokens"], s["blocks"], s["full_blocks"]
         m = {
-            "ce": L.safe_div(ce, W),
-            "l1": L.safe_div(l1, W),
+            "ce": L.safe_div(s["ce"], W),
+            "l1": L.safe_div(s["l1"], W),
             "supervised_tokens": M,
             "blocks": nb,
-            "tau_probabilistic": L.safe_div(tau, nb) if nb else 0.0,
-            "tau_probabilistic_full_blocks": L.safe_div(tau_full, nfull) if nfull else 0.0,
+            "tau_probabilistic": L.safe_div(s["tau"], nb) if nb else 0.0,
+            "tau_probabilistic_full_blocks": L.safe_div(s["tau_full"], nfull) if nfull else 0.0,
+            "tau_greedy": L.safe_div(s["tau_greedy"], nb) if nb else 0.0,
         }
-        loss = self.ce_weight * ce + self.l1_weight * l1
+        loss = self.ce_weight * s["ce"] + self.l1_weight * s["l1"]
         if use_conf:
-            m["confidence_bce"] = L.safe_div(bce, W)
-            m["confidence_error"] = L.safe_div(cerr, M)
-            loss += self.confidence_weight * bce
+            m["confidence_bce"] = L.safe_div(s["confidence_bce"], W)
+            m["confidence_error"] = L.safe_div(s["confidence_abs_error"], M)
+            loss += self.confidence_weight * s["confidence_bce"]
         m["loss"] = L.safe_div(loss, W)
-        for k in range(g):
-            m[f"accept_rate@{k + 1}"] = csum[k] / counts[k] if counts[k] else 0.0
+        for k, (n, c, g) in enumerate(zip(s["slots"], s["c_star"], s["greedy_match"], strict=True)):
+            m[f"accept_rate@{k + 1}"] = c / n if n else 0.0
+            m[f"greedy_accept@{k + 1}"] = g / n if n else 0.0
         return m
 
 

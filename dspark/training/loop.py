@@ -34,8 +34,6 @@ from dspark.training.report import write_report
 from dspark.training.sharding import check_shardable, shard_target
 from dspark.training.tracking import init_tracking, trackers
 
-COUNT_METRICS = ("supervised_tokens", "blocks")
-
 
 @dataclass
 class AccelerateReducer:
@@ -137,17 +135,21 @@ def run(cfg) -> dict:
     init_tracking(accelerator, cfg.tracking, out, run_config)
     reducer = AccelerateReducer(accelerator)
 
+    # The objective names its metrics: counts (the first is the batch weight) and bar fields.
+    count_metrics = tuple(getattr(objective, "count_metrics", ()))
+    progress_metrics = tuple(getattr(objective, "progress_metrics", ("loss",)))
+
     def evaluate() -> dict:
-        """Held-out metrics, each batch weighted by its supervised tokens; counts summed."""
+        """Held-out metrics, each batch weighted by the objective's first count; counts summed."""
         draft.eval()
         sums, counts, weight = {}, {}, 0.0
         with torch.no_grad():
             for batch in eval_dl:
                 m = {k: float(v) for k, v in objective.evaluate(draft, batch, reducer).items()}
-                w = m.get("supervised_tokens", 1.0)
+                w = m.get(count_metrics[0], 1.0) if count_metrics else 1.0
                 weight += w
                 for k, v in m.items():
-                    if k in COUNT_METRICS:
+                    if k in count_metrics:
                         counts[k] = counts.get(k, 0.0) + v
                     else:
                         sums[k] = sums.get(k, 0.0) + w * v
@@ -201,8 +203,7 @@ def run(cfg) -> dict:
                 history.append(record)
                 accelerator.log(record, step=progress.step)
                 bar.set_postfix(
-                    loss=f"{float(metrics.get('loss', loss)):.4f}",
-                    tau=f"{float(metrics.get('tau_probabilistic', 0)):.2f}",
+                    {k: f"{float(metrics[k]):.3f}" for k in progress_metrics if k in metrics}
                 )
                 tokens, t_window = 0, time.perf_counter()
             if t_cfg.eval_every and progress.step % t_cfg.eval_every == 0 and progress.step < total:
@@ -227,6 +228,7 @@ def run(cfg) -> dict:
         "resumed_from": str(resumed_from or ""),
         "final_eval": final_eval,
         "last_train": history[-1] if history else {},
+        "curve_metrics": list(getattr(objective, "curve_metrics", ())),
         "conditions": {
             "target": cfg.target.name,
             "target_dtype": cfg.target.dtype,

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 
-def _curves(out: Path) -> Path | None:
+def _curves(out: Path, curve_metrics: list[str]) -> Path | None:
+    """Loss and the objective's own acceptance metrics (`curve_metrics`) over steps."""
     path = out / "metrics.jsonl"
     if not path.exists():
         return None
@@ -27,16 +28,24 @@ def _curves(out: Path) -> Path | None:
         a.plot([r["step"] for r in ev], [r["eval/loss"] for r in ev], "o-", label="held-out loss")
     a.set_xlabel("optimizer step")
     a.legend()
-    key = "train/tau_probabilistic"
-    if any(key in r for r in train):
-        b.plot(steps, [r.get(key, float("nan")) for r in train], label="train tau_prob")
-    if any("eval/tau_probabilistic" in r for r in ev):
-        b.plot(
-            [r["step"] for r in ev],
-            [r["eval/tau_probabilistic"] for r in ev],
-            "o-",
-            label="held-out tau_prob",
-        )
+    for name, color in zip(curve_metrics, ("C0", "C1", "C2", "C3"), strict=False):
+        key = f"train/{name}"
+        if any(key in r for r in train):
+            b.plot(
+                steps,
+                [r.get(key, float("nan")) for r in train],
+                color=color,
+                alpha=0.5,
+                label=f"train {name}",
+            )
+        if any(f"eval/{name}" in r for r in ev):
+            b.plot(
+                [r["step"] for r in ev if f"eval/{name}" in r],
+                [r[f"eval/{name}"] for r in ev if f"eval/{name}" in r],
+                "o-",
+                color=color,
+                label=f"held-out {name}",
+            )
     b.set_xlabel("optimizer step")
     b.legend()
     fig.tight_layout()
@@ -78,7 +87,7 @@ def write_report(out: Path, results: dict, run_config: dict) -> None:
             f"{last.get('tokens_per_s', 0):.0f} tokens/s, peak memory "
             f"{last.get('peak_memory_mb', 0):.0f} MB.",
         ]
-    png = _curves(out)
+    png = _curves(out, results.get("curve_metrics", []))
     if png:
         lines += ["", f"![training curves]({png.name})"]
     (out / "report.md").write_text("\n".join(lines) + "\n")
