@@ -318,7 +318,9 @@ def load_prompts(
         raise
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
-    return normalize_rows(ds, source=str(source))
+    # A local file is named by its absolute path, so a resumed run started from another
+    # directory (or with `../x` vs `/abs/x`) is recognised as the same source.
+    return normalize_rows(ds, source=str(path.resolve()) if path.exists() else str(source))
 
 
 def _read_json(path: Path):
