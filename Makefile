@@ -1,6 +1,8 @@
 # dspark: the two commands of README.md live here.
 #   make quickstart   set up, then prepare SmolLM2 -> regenerate data -> distill -> benchmark
 #   make test         set up, then lint and run the CPU test suite
+#   make gpu-check    on one CUDA GPU: gpu tests, a short SmolLM2 training, decoder step times
+#                     (DEVICE=cpu make gpu-check: the same at tiny scale on the CPU)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup quickstart smollm2 ablation test lint format clean-venv
+.PHONY: setup quickstart smollm2 ablation test lint format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +94,10 @@ format: setup
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+DEVICE ?= cuda
+gpu-check: setup
+	$(PY) eval/gpu_check.py --device $(DEVICE) --output runs/gpu_check/$(DEVICE)
 
 clean-venv:
 	rm -rf $(VENV)
