@@ -39,7 +39,7 @@ def prepare_target(argv: list[str] | None = None) -> None:
     import argparse
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local; never wait on a hub
-    from dspark.prepare import SAMPLE_PROMPT
+    from dspark.target.prepare import SAMPLE_PROMPT
 
     ap = argparse.ArgumentParser(prog="prepare_target", description=prepare_target.__doc__)
     ap.add_argument(
@@ -54,8 +54,8 @@ def prepare_target(argv: list[str] | None = None) -> None:
     with user_errors("prepare_target"):
         import torch
 
-        from dspark.prepare import greedy_answer, prepare_embedded_target
         from dspark.target import load_target
+        from dspark.target.prepare import greedy_answer, prepare_embedded_target
 
         path = prepare_embedded_target(args.cache_dir, force=args.force)
         model, tok = load_target(str(path))

@@ -409,7 +409,7 @@ def test_save_load_serving_layout(tiny_target, tmp_path, arch_, head_type, rank,
 def test_from_target_with_tied_embeddings(tiny_target, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from dspark.tiny import tiny_config
+    from dspark.target.tiny import tiny_config
 
     _, tok = tiny_target("llama")
     torch.manual_seed(1)
