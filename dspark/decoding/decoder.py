@@ -47,6 +47,7 @@ import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
 from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
+from dspark.decoding.observer import DecodeObserver
 from dspark.decoding.output import GenerationOutput
 from dspark.decoding.sampling import sample, sample_per_row, warp
 from dspark.decoding.scheduler import SCHEDULERS
@@ -72,6 +73,8 @@ class SpeculativeDecoder:
     the draft's context), then the scheduler drafts again to re-check.
     `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
     `draft=None` allows only `generate_autoregressive`.
+    `observer`: a `DecodeObserver` told which request each live row serves every round and
+    handed each finished request's caches (tests; the decoder itself keeps neither).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class SpeculativeDecoder:
         time_rounds: bool = True,
         skip_unprofitable_drafts: bool = True,
         draft_probe_interval: int = 4,
+        observer: DecodeObserver | None = None,
     ):
         self.target, self.draft = target, draft
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
@@ -126,11 +130,7 @@ class SpeculativeDecoder:
             self.sps = load_or_measure(target, draft, gamma=self.gamma)
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
-        self.live_rows: list[int] = []  # request index of each live batch row (introspection)
-        # Test hook: with keep_final_caches, request -> (target cache, ctx cache, row) at its end.
-        # Off by default: every entry pins a whole batch's caches (GBs at batch 16+).
-        self.keep_final_caches = False
-        self.last_caches: dict = {}
+        self.observer = observer
         if compile:
             self.runner.compile(dynamic=True)
 
@@ -293,7 +293,6 @@ class SpeculativeDecoder:
         ]
         self._stamp(out, range(bsz), done, t0)
         rows, apos_host = list(range(bsz)), list(lens)  # request of each live batch row
-        self.last_caches = {}
         keep, cache, ctx = self._retire(rows, done, cache, ctx)
         anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
@@ -305,7 +304,9 @@ class SpeculativeDecoder:
                 rows = [rows[i] for i in keep]
                 if not rows:
                     break
-            live, self.live_rows = len(rows), rows
+            live = len(rows)
+            if self.observer is not None:
+                self.observer.on_round(list(rows))
             t_round = time.perf_counter()
             apos = torch.tensor(apos_host, device=dev)
             ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
@@ -402,7 +403,6 @@ class SpeculativeDecoder:
         self._stamp(out, range(bsz), done, t0)
         rows, apos_host = list(range(bsz)), list(lens)
         rounds = [0] * bsz
-        self.last_caches = {}
         while True:
             keep, cache, _ = self._retire(rows, done, cache, None)
             if keep is not None:
@@ -412,6 +412,8 @@ class SpeculativeDecoder:
                     gen = [gen[i] for i in keep]
             if not rows:
                 break
+            if self.observer is not None:
+                self.observer.on_round(list(rows))
             t_step = time.perf_counter()
             pos = torch.tensor(apos_host, device=self.device)[:, None]
             start = apos_host[0] if len(set(apos_host)) == 1 else None
@@ -434,15 +436,14 @@ class SpeculativeDecoder:
         some finished): later rounds then cost what the live requests need.
 
         Returns `(keep, cache, ctx)`; `keep` (row indices, a list) is None when nobody left.
-        With `keep_final_caches`, each finished request's final caches and row stay in
-        `self.last_caches[request]` (a test hook).
+        An observer sees each finished request's final caches and row first.
         """
         gone = [i for i, b in enumerate(rows) if done[b]]
         if not gone:
             return None, cache, ctx
-        if self.keep_final_caches:
+        if self.observer is not None:
             for i in gone:
-                self.last_caches[rows[i]] = (cache, ctx, i)
+                self.observer.on_finish(rows[i], cache, ctx, i)
         keep = [i for i, b in enumerate(rows) if not done[b]]
         if keep:
             index = torch.tensor(keep, device=self.device)
