@@ -42,6 +42,7 @@ rank 256, random init) takes ~30 ms at T=0, an 8-token verify ~90 ms, a 1-token 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -53,6 +54,9 @@ from dspark.decoding.sampling import sample, sample_per_row, warp
 from dspark.decoding.scheduler import SCHEDULERS
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import verify_greedy, verify_sampled
+
+if TYPE_CHECKING:
+    from dspark.modeling.protocols import DraftInference
 
 
 class SpeculativeDecoder:
@@ -80,7 +84,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target,
-        draft=None,
+        draft: DraftInference | None = None,
         *,
         temperature: float = 0.0,
         top_p: float = 1.0,

@@ -1,18 +1,24 @@
 """One draft round: a single block pass, then the cheap serial Markov sampling loop.
 
 Uses only the draft inference API of docs/contracts.md (`block_hidden`, `lm_head`,
-`markov_head.step`, `confidence_head`), so any model implementing it can be decoded.
+`markov_head.step`, `confidence_head`; the `DraftInference` protocol of
+`dspark.modeling.protocols`), so any model implementing it can be decoded.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from dspark.decoding.sampling import sample, warp
 from dspark.decoding.target_step import head_logits
+
+if TYPE_CHECKING:  # the protocol module is light, but dspark.modeling's package is not
+    from dspark.modeling.protocols import DraftInference
 
 
 @dataclass
@@ -23,11 +29,11 @@ class DraftProposal:
 
 
 def propose(
-    draft,
+    draft: DraftInference,
     anchor: torch.Tensor,
     anchor_pos: torch.Tensor,
-    ctx_kv,
-    ctx_valid,
+    ctx_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ctx_valid: torch.Tensor,
     *,
     gamma: int,
     mask_token_id: int,
