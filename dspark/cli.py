@@ -5,6 +5,7 @@
 | `dspark-prepare-target` | `python data_scripts/prepare_target.py` |
 | `dspark-regenerate`     | `python data_scripts/regenerate.py` |
 | `dspark-tokenize`       | `python data_scripts/tokenize_data.py` |
+| `dspark-export`         | `python data_scripts/export.py` |
 | `dspark-distill`        | `python train/distill.py` (Hydra: `conf/` + `recipes/`) |
 | `dspark-benchmark`      | `python eval/benchmark.py` (Hydra: `conf/benchmark/`) |
 
@@ -79,6 +80,14 @@ def tokenize(argv: list[str] | None = None) -> None:
 
     with user_errors("tokenize"):
         sys.exit(tokenize_main(argv))
+
+
+def export(argv: list[str] | None = None) -> None:
+    """Export a draft for serving engines; exit 1 when it is refused (dspark/export/cli.py)."""
+    from dspark.export.cli import export_main
+
+    with user_errors("export"):
+        sys.exit(export_main(argv))
 
 
 # -- train/distill.py ------------------------------------------------------------------------
