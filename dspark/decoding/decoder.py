@@ -12,8 +12,9 @@ Per round (see docs/dspark-method.md sections 1 and 3):
 
 Batching: prompts are right-padded and every row owns its positions (slot = position), so
 requests advance by their own acceptance lengths with no leakage. A request that finishes
-(EOS / budget) leaves the batch: its rows are gathered out of the caches once, so later rounds
-cost only what the live requests need (both decoders do this, keeping the comparison fair).
+(EOS / budget) leaves the batch (`LiveBatch`, live_batch.py): its rows are gathered out of the
+caches once, so later rounds cost only what the live requests need (both decoders do this,
+keeping the comparison fair).
 Host syncs: one small device->host copy per round (accept counts and tokens, needed for
 EOS / budget bookkeeping), plus one more with a confidence threshold (the verify length).
 Verify policies (`verify_policy`), each decided from the draft alone, never from the target,
@@ -48,6 +49,7 @@ import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
 from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
+from dspark.decoding.live_batch import LiveBatch
 from dspark.decoding.observer import DecodeObserver
 from dspark.decoding.output import GenerationOutput
 from dspark.decoding.sampling import sample, sample_per_row, warp
@@ -296,21 +298,16 @@ class SpeculativeDecoder:
             self._append(out.sequences[b], [first_host[b]], max_new_tokens, eos) for b in range(bsz)
         ]
         self._stamp(out, range(bsz), done, t0)
-        rows, apos_host = list(range(bsz)), list(lens)  # request of each live batch row
-        keep, cache, ctx = self._retire(rows, done, cache, ctx)
+        batch = LiveBatch(list(range(bsz)), list(lens), cache, ctx, dev, self.observer)
+        keep = batch.retire(done)
         anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
         slots = torch.arange(cache.max_len, device=dev)
         skip_left = 0  # AR rounds left before the scheduler drafts again
-        while rows:
-            if keep is not None:
-                apos_host = [apos_host[i] for i in keep]
-                rows = [rows[i] for i in keep]
-                if not rows:
-                    break
+        while batch:
+            batch.start_round()
+            rows, apos_host, cache, ctx = batch.requests, batch.positions, batch.cache, batch.ctx
             live = len(rows)
-            if self.observer is not None:
-                self.observer.on_round(list(rows))
             t_round = time.perf_counter()
             apos = torch.tensor(apos_host, device=dev)
             ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
@@ -372,7 +369,7 @@ class SpeculativeDecoder:
                 )
                 apos_host[i] += a + 1
             self._stamp(out, rows, done, t0)
-            keep, cache, ctx = self._retire(rows, done, cache, ctx)
+            keep = batch.retire(done)
             anchor = nxt[keep] if keep is not None else nxt
         return self._finish(out, t0)
 
@@ -405,19 +402,18 @@ class SpeculativeDecoder:
         out.prefill_s = time.perf_counter() - t0
         done = [self._append(out.sequences[b], [host[b]], max_new_tokens, eos) for b in range(bsz)]
         self._stamp(out, range(bsz), done, t0)
-        rows, apos_host = list(range(bsz)), list(lens)
+        batch = LiveBatch(list(range(bsz)), list(lens), cache, None, self.device, self.observer)
         rounds = [0] * bsz
         while True:
-            keep, cache, _ = self._retire(rows, done, cache, None)
+            keep = batch.retire(done)
             if keep is not None:
-                tok, apos_host = tok[keep], [apos_host[i] for i in keep]
-                rows = [rows[i] for i in keep]
+                tok = tok[keep]
                 if isinstance(gen, list):
                     gen = [gen[i] for i in keep]
-            if not rows:
+            if not batch:
                 break
-            if self.observer is not None:
-                self.observer.on_round(list(rows))
+            batch.start_round()
+            rows, apos_host, cache = batch.requests, batch.positions, batch.cache
             t_step = time.perf_counter()
             pos = torch.tensor(apos_host, device=self.device)[:, None]
             start = apos_host[0] if len(set(apos_host)) == 1 else None
@@ -435,26 +431,6 @@ class SpeculativeDecoder:
         return self._finish(out, t0, keep_rounds=True)
 
     # ----------------------------------------------------------------- common
-    def _retire(self, rows: list[int], done: list[bool], cache, ctx):
-        """Drop finished requests from the live batch (one gather of the caches, only when
-        some finished): later rounds then cost what the live requests need.
-
-        Returns `(keep, cache, ctx)`; `keep` (row indices, a list) is None when nobody left.
-        An observer sees each finished request's final caches and row first.
-        """
-        gone = [i for i, b in enumerate(rows) if done[b]]
-        if not gone:
-            return None, cache, ctx
-        if self.observer is not None:
-            for i in gone:
-                self.observer.on_finish(rows[i], cache, ctx, i)
-        keep = [i for i, b in enumerate(rows) if not done[b]]
-        if keep:
-            index = torch.tensor(keep, device=self.device)
-            cache = cache.select(index)
-            ctx = ctx.select(index) if ctx is not None else None
-        return keep, cache, ctx
-
     @staticmethod
     def _stamp(out: GenerationOutput, rows, done: list[bool], t0: float) -> None:
         """Set `finish_s` of the requests among `rows` that have just finished."""
