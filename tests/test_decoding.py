@@ -573,7 +573,7 @@ def test_real_draft_sampling_runs_and_is_seeded(tiny_target):
 @pytest.mark.parametrize("w2_scale", [1.0, 30.0, 1000.0])
 def test_pruned_greedy_markov_step_equals_full(tiny_target, monkeypatch, w2_scale):
     """The CPU T=0 shortcut (Cauchy-Schwarz pruning of the W2 GEMV) drafts the same tokens."""
-    from dspark.decoding import decoder, draft_step
+    from dspark.decoding import cpu_paths, decoder, draft_step
 
     model, tok = tiny_target("qwen3")
     drafted = []
@@ -593,11 +593,53 @@ def test_pruned_greedy_markov_step_equals_full(tiny_target, monkeypatch, w2_scal
         drafted.clear()
         pruned = dec.generate(prompts, 12)
         pruned_drafts = list(drafted)
-        assert draft_step._GreedyPruner.get(draft.markov_head) is not None
+        assert cpu_paths.GreedyPruner.get(draft.markov_head) is not None
         with monkeypatch.context() as m:
-            m.setattr(draft_step._GreedyPruner, "get", classmethod(lambda cls, h: None))
+            m.setattr(cpu_paths.GreedyPruner, "get", classmethod(lambda cls, h: None))
             drafted.clear()
             full = dec.generate(prompts, 12)
         assert pruned_drafts == drafted
         assert pruned.sequences == full.sequences
         assert pruned.confidences == full.confidences
+
+
+@pytest.mark.parametrize("kw", [{}, {"markov_head_type": "gated", "block_size": 5}])
+def test_cpu_fast_paths_flag_keeps_greedy_outputs(tiny_target, kw):
+    """`cpu_fast_paths=False` (plain lm_head, no Markov pruning) decodes the same tokens."""
+    from dspark.decoding import cpu_paths
+
+    model, tok = tiny_target("qwen3")
+    draft = _real_draft(model, tok, **kw)
+    with torch.no_grad():  # a large W2 makes the Markov bias decide tokens
+        draft.markov_head.markov_w2.weight.mul_(30.0)
+    assert cpu_paths.GreedyPruner.get(draft.markov_head) is not None  # the path is live
+    prompts = prompts_for(model.config.vocab_size, (6, 3, 9), 43)
+    outs = {
+        flag: SpeculativeDecoder(model, draft, cpu_fast_paths=flag).generate(prompts, 12)
+        for flag in (True, False)
+    }
+    assert outs[True].sequences == outs[False].sequences
+    assert outs[True].accept_lengths == outs[False].accept_lengths
+    assert outs[True].sequences == [greedy_reference(model, p, 12) for p in prompts]
+    ar = {
+        flag: SpeculativeDecoder(model, draft, cpu_fast_paths=flag).generate_autoregressive(
+            prompts, 12
+        )
+        for flag in (True, False)
+    }
+    assert ar[True].sequences == ar[False].sequences == outs[True].sequences
+
+
+def test_matvec_head_logits_matches_the_plain_head():
+    from dspark.decoding.cpu_paths import matvec_head_logits
+    from dspark.decoding.target_step import head_logits
+
+    torch.manual_seed(0)
+    head = nn.Linear(16, 512, bias=False)  # vocab >= 8 x hidden: the CPU path applies
+    hidden = torch.randn(3, 4, 16)
+    fast = head_logits(head, hidden)
+    assert matvec_head_logits(head, hidden) is not None
+    plain = head_logits(head, hidden, cpu_fast_paths=False)
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast.argmax(-1), plain.argmax(-1))
+    assert matvec_head_logits(head, hidden[:1, :1]) is None  # one row: F.linear already fast

@@ -81,6 +81,8 @@ class SpeculativeDecoder:
     `draft=None` allows only `generate_autoregressive`.
     `observer`: a `DecodeObserver` told which request each live row serves every round and
     handed each finished request's caches (tests; the decoder itself keeps neither).
+    `cpu_fast_paths` (default on): the CPU-only lm_head and T = 0 Markov-pruning shortcuts of
+    cpu_paths.py; off runs the plain path everywhere (same greedy tokens).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class SpeculativeDecoder:
         skip_unprofitable_drafts: bool = True,
         draft_probe_interval: int = 4,
         observer: DecodeObserver | None = None,
+        cpu_fast_paths: bool = True,
     ):
         self.target, self.draft = target, draft
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
@@ -121,7 +124,8 @@ class SpeculativeDecoder:
         taps = list(draft.config.target_layer_ids) if draft is not None else []
         self.gamma = int(draft.config.block_size) if draft is not None else 0
         self.mask_token_id = int(draft.config.mask_token_id) if draft is not None else 0
-        self.runner = TargetRunner(target, taps)
+        self.cpu_fast_paths = cpu_fast_paths
+        self.runner = TargetRunner(target, taps, cpu_fast_paths=cpu_fast_paths)
         self.device = next(target.parameters()).device
         temps = getattr(draft.config, "confidence_temperatures", None) if draft else None
         self.confidence_temperatures = (
@@ -332,6 +336,7 @@ class SpeculativeDecoder:
                     top_p=self.top_p,
                     generator=gen,
                     confidence_temperatures=self.confidence_temperatures,
+                    cpu_fast_paths=self.cpu_fast_paths,
                 )
                 # drafts to verify: the policy (draft-only, so lossless) and the budget
                 vlen, vlen_host = self._verify_lengths(prop, cap, live)
