@@ -1,61 +1,13 @@
-"""Export a trained draft for serving engines.
+"""Export a trained draft for serving engines (DeepSpec / vLLM / SGLang layout, speculators).
 
-python data_scripts/export.py runs/quickstart/draft exports/smollm2-dspark            # deepspec, bf16
-python data_scripts/export.py runs/quickstart/draft exports/smollm2-spec --format speculators
-python data_scripts/export.py DRAFT OUT --dtype float32 --engine any --target Qwen/Qwen3-8B
+    python data_scripts/export.py runs/quickstart/draft exports/smollm2-dspark        # deepspec
+    python data_scripts/export.py runs/quickstart/draft exports/smollm2-spec --format speculators
 
-The output directory holds config.json, model.safetensors and a README.md with the exact
-`vllm serve ... --speculative-config '{...}'` and SGLang commands (num_speculative_tokens =
-the draft's block size). A draft that vLLM / SGLang would serve wrong (gated / rnn heads, ...)
-is refused with the reasons unless --engine any.
+Flags and what is written: `python data_scripts/export.py --help` (dspark/export/cli.py).
+Console script: `dspark-export` (dspark/cli.py).
 """
 
-import argparse
-import sys
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("draft", help="draft directory (ours, DeepSpec or speculators layout)")
-    p.add_argument("out", help="output directory (must not exist unless --overwrite)")
-    p.add_argument("--format", default="deepspec", choices=["deepspec", "speculators"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument(
-        "--engine",
-        default="vllm",
-        choices=["vllm", "any"],
-        help="vllm: refuse drafts vLLM/SGLang serve wrong; any: write them anyway",
-    )
-    p.add_argument("--target", default=None, help="target name for engines (default: the draft's)")
-    p.add_argument(
-        "--draft-vocab",
-        default=None,
-        help="reduced draft vocabulary: .json ids / d2t, .safetensors or .pt (d2t or ids)",
-    )
-    p.add_argument("--overwrite", action="store_true")
-    a = p.parse_args(argv)
-    from dspark.export import NotServableError, export_draft
-
-    try:
-        out = export_draft(
-            a.draft,
-            a.out,
-            a.format,
-            dtype=a.dtype,
-            engine=a.engine,
-            verifier=a.target,
-            draft_vocab=a.draft_vocab,
-            overwrite=a.overwrite,
-        )
-    except (NotServableError, FileExistsError, FileNotFoundError, ValueError) as e:
-        print(f"export failed: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}\n")
-    print((out / "README.md").read_text())
-    return 0
-
+from dspark.cli import export
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    export()

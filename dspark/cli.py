@@ -5,6 +5,7 @@
 | `dspark-prepare-target` | `python data_scripts/prepare_target.py` |
 | `dspark-regenerate`     | `python data_scripts/regenerate.py` |
 | `dspark-tokenize`       | `python data_scripts/tokenize_data.py` |
+| `dspark-export`         | `python data_scripts/export.py` |
 | `dspark-distill`        | `python train/distill.py` (Hydra: `conf/` + `recipes/`) |
 | `dspark-benchmark`      | `python eval/benchmark.py` (Hydra: `conf/benchmark/`) |
 
@@ -39,7 +40,7 @@ def prepare_target(argv: list[str] | None = None) -> None:
     import argparse
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local; never wait on a hub
-    from dspark.prepare import SAMPLE_PROMPT
+    from dspark.target.prepare import SAMPLE_PROMPT
 
     ap = argparse.ArgumentParser(prog="prepare_target", description=prepare_target.__doc__)
     ap.add_argument(
@@ -54,8 +55,8 @@ def prepare_target(argv: list[str] | None = None) -> None:
     with user_errors("prepare_target"):
         import torch
 
-        from dspark.prepare import greedy_answer, prepare_embedded_target
         from dspark.target import load_target
+        from dspark.target.prepare import greedy_answer, prepare_embedded_target
 
         path = prepare_embedded_target(args.cache_dir, force=args.force)
         model, tok = load_target(str(path))
@@ -79,6 +80,14 @@ def tokenize(argv: list[str] | None = None) -> None:
 
     with user_errors("tokenize"):
         sys.exit(tokenize_main(argv))
+
+
+def export(argv: list[str] | None = None) -> None:
+    """Export a draft for serving engines; exit 1 when it is refused (dspark/export/cli.py)."""
+    from dspark.export.cli import export_main
+
+    with user_errors("export"):
+        sys.exit(export_main(argv))
 
 
 # -- train/distill.py ------------------------------------------------------------------------

@@ -27,7 +27,11 @@ def main() -> None:
     ap.add_argument("--draft", required=True, help="a DSpark draft directory (save_pretrained)")
     ap.add_argument("--target", default=None, help="default: the draft's target_name_or_path")
     ap.add_argument("--datasets", nargs="+", default=["mbpp", "math500"])
-    ap.add_argument("--bench-dir", default=None, help="default: <repo>/../shared/data/bench")
+    ap.add_argument(
+        "--bench-dir",
+        default=None,
+        help="default: $DSPARK_BENCH_DIR, then ../shared/data/bench (dspark/eval/prompts.py)",
+    )
     ap.add_argument("--num-prompts", type=int, default=24, help="per dataset")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)

@@ -50,7 +50,7 @@ def main() -> None:
         target, _, draft, spec = load_models(args)
     else:
         from dspark.eval.runner import resolve_device
-        from dspark.target import _as_dtype, load_target
+        from dspark.target.loading import _as_dtype, load_target
 
         spec = args.target or "embedded"
         target, _ = load_target(

@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from dspark.tiny import TINY_ARCHS  # noqa: E402
+from dspark.target.tiny import TINY_ARCHS  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecodeObserver, SpeculativeDecoder
 
 TAPS = [0, 2]
 
@@ -109,6 +109,23 @@ class ToyDraft(nn.Module):
         return self.head(h)
 
 
+class Recorder(DecodeObserver):
+    """The decoder's test hook: the request each live row serves this round; with
+    `keep_caches`, each finished request's final (target cache, context cache, row)."""
+
+    def __init__(self, keep_caches: bool = False):
+        self.requests: list[int] | None = None
+        self.keep_caches = keep_caches
+        self.final: dict[int, tuple] = {}
+
+    def on_round(self, requests):
+        self.requests = requests
+
+    def on_finish(self, request, cache, ctx, row):
+        if self.keep_caches:
+            self.final[request] = (cache, ctx, row)
+
+
 class OracleDraft(nn.Module):
     """Proposes `refs[b][p+1 : p+1+gamma]` (the known continuation), each token replaced by a
     random one with probability `corrupt`; informative confidence (high when uncorrupted)."""
@@ -123,7 +140,8 @@ class OracleDraft(nn.Module):
             markov_rank=4 if markov else 0,
         )
         self.g = torch.Generator().manual_seed(seed)
-        self.decoder = None  # set to map live batch rows to requests once rows retire
+        # pass `observer=draft.recorder` to the decoder: it maps live rows to requests
+        self.recorder = Recorder()
         self.markov_head = _ZeroMarkov(vocab) if markov else None
         self.confidence_head = _OracleConfidence(vocab)
 
@@ -137,7 +155,7 @@ class OracleDraft(nn.Module):
         bsz, g = block_ids.shape
         toks = torch.randint(0, self.vocab, (bsz, g), generator=self.g)
         good = torch.rand(bsz, g, generator=self.g) >= self.corrupt
-        requests = self.decoder.live_rows if self.decoder is not None else range(bsz)
+        requests = self.recorder.requests if self.recorder.requests is not None else range(bsz)
         for b, req in enumerate(requests):
             p = int(block_position_ids[b, 0])
             ref = self.refs[req][p + 1 : p + 1 + g]
@@ -202,7 +220,7 @@ def test_greedy_speculative_equals_plain_greedy_oracle(tiny_target, arch, length
     draft = OracleDraft(
         [p + r for p, r in zip(prompts, refs)], vocab, gamma=4, markov=seed != 1, seed=seed
     )
-    dec = draft.decoder = SpeculativeDecoder(model, draft)
+    dec = SpeculativeDecoder(model, draft, observer=draft.recorder)
     out = dec.generate(prompts, max_new)
     assert out.sequences == refs
     rounds = [a for accs in out.accept_lengths for a in accs]
@@ -244,7 +262,7 @@ def test_confidence_threshold_is_lossless_and_shortens_verify(tiny_target):
     prompts = prompts_for(vocab, (4, 8), 7)
     refs = [greedy_reference(model, p, 16) for p in prompts]
     draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=5, seed=4)
-    dec = draft.decoder = SpeculativeDecoder(model, draft, confidence_threshold=0.5)
+    dec = SpeculativeDecoder(model, draft, observer=draft.recorder, confidence_threshold=0.5)
     out = dec.generate(prompts, 16)
     assert out.sequences == refs
     vers = [v for vs in out.verify_lengths for v in vs]
@@ -263,7 +281,7 @@ def test_eos_and_max_new_tokens(tiny_target):
     prompt = prompts_for(vocab, (6,), 11)[0]
     ref = greedy_reference(model, prompt, 20)
     draft = OracleDraft([prompt + ref], vocab, gamma=4, corrupt=0.1, seed=2)
-    dec = draft.decoder = SpeculativeDecoder(model, draft)
+    dec = SpeculativeDecoder(model, draft, observer=draft.recorder)
     for n in (1, 2, 3, 4, 5, 6, 9, 20):
         draft.refs = [prompt + ref]
         out = dec.generate([prompt], n)
@@ -289,7 +307,7 @@ def test_eos_in_one_request_leaves_others_running(tiny_target):
     eos = refs[0][2]
     expect = [greedy_reference(model, p, 15, eos=(eos,)) for p in prompts]
     draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=5)
-    dec = draft.decoder = SpeculativeDecoder(model, draft)
+    dec = SpeculativeDecoder(model, draft, observer=draft.recorder)
     out = dec.generate(prompts, 15, eos_token_id=eos)
     assert out.sequences == expect
     assert len(out.sequences[0]) <= 3
@@ -324,9 +342,8 @@ def test_target_and_context_caches_match_a_rebuild(tiny_target, arch):
     oracle = OracleDraft([p + r for p, r in zip(prompts, full)], vocab, gamma=4, seed=6)
     # the oracle picks the tokens; the toy draft's context API fills the context cache
     oracle.encode_context, oracle.context_kv = draft.encode_context, draft.context_kv
-    dec = SpeculativeDecoder(model, oracle)
-    dec.keep_final_caches = True  # the test hook
-    oracle.decoder = dec
+    oracle.recorder.keep_caches = True  # the test hook
+    dec = SpeculativeDecoder(model, oracle, observer=oracle.recorder)
     out = dec.generate(prompts, 13, eos_token_id=eos)
     assert out.sequences == refs
     assert len({len(s) for s in refs}) > 1
@@ -335,7 +352,7 @@ def test_target_and_context_caches_match_a_rebuild(tiny_target, arch):
         committed = p + seq[:-1]  # everything but the pending anchor is in the caches
         n = len(committed)
         keys, values, hidden = _fresh_kv(model, committed)
-        cache, ctx, row = dec.last_caches[b]  # the live batch shrinks as requests finish
+        cache, ctx, row = oracle.recorder.final[b]  # the live batch shrinks as requests finish
         for layer in range(model.config.num_hidden_layers):
             torch.testing.assert_close(
                 cache.keys[layer][row, :, :n], keys[layer][0], atol=1e-4, rtol=1e-4
@@ -521,8 +538,8 @@ def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
     model, tok = tiny_target(arch)
     draft = _real_draft(model, tok, **kw)
     prompts = prompts_for(model.config.vocab_size, (5, 9), 29)
-    dec = SpeculativeDecoder(model, draft, confidence_threshold=0.3 if kw else None)
-    dec.keep_final_caches = True
+    kept = Recorder(keep_caches=True)
+    dec = SpeculativeDecoder(model, draft, confidence_threshold=0.3 if kw else None, observer=kept)
     out = dec.generate(prompts, 10)
     assert out.sequences == [greedy_reference(model, p, 10) for p in prompts]
     assert all(
@@ -536,7 +553,7 @@ def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
             hs = model(torch.tensor([committed]), output_hidden_states=True).hidden_states
         tapped = torch.cat([hs[i + 1] for i in draft.config.target_layer_ids], -1)
         kv = draft.context_kv(draft.encode_context(tapped), torch.arange(n)[None])
-        _, ctx, row = dec.last_caches[b]
+        _, ctx, row = kept.final[b]
         for (k, v), kc, vc in zip(kv, ctx.keys, ctx.values):
             torch.testing.assert_close(kc[row, :, :n], k[0], atol=1e-4, rtol=1e-4)
             torch.testing.assert_close(vc[row, :, :n], v[0], atol=1e-4, rtol=1e-4)
@@ -556,7 +573,7 @@ def test_real_draft_sampling_runs_and_is_seeded(tiny_target):
 @pytest.mark.parametrize("w2_scale", [1.0, 30.0, 1000.0])
 def test_pruned_greedy_markov_step_equals_full(tiny_target, monkeypatch, w2_scale):
     """The CPU T=0 shortcut (Cauchy-Schwarz pruning of the W2 GEMV) drafts the same tokens."""
-    from dspark.decoding import decoder, draft_step
+    from dspark.decoding import cpu_paths, decoder, draft_step
 
     model, tok = tiny_target("qwen3")
     drafted = []
@@ -576,11 +593,53 @@ def test_pruned_greedy_markov_step_equals_full(tiny_target, monkeypatch, w2_scal
         drafted.clear()
         pruned = dec.generate(prompts, 12)
         pruned_drafts = list(drafted)
-        assert draft_step._GreedyPruner.get(draft.markov_head) is not None
+        assert cpu_paths.GreedyPruner.get(draft.markov_head) is not None
         with monkeypatch.context() as m:
-            m.setattr(draft_step._GreedyPruner, "get", classmethod(lambda cls, h: None))
+            m.setattr(cpu_paths.GreedyPruner, "get", classmethod(lambda cls, h: None))
             drafted.clear()
             full = dec.generate(prompts, 12)
         assert pruned_drafts == drafted
         assert pruned.sequences == full.sequences
         assert pruned.confidences == full.confidences
+
+
+@pytest.mark.parametrize("kw", [{}, {"markov_head_type": "gated", "block_size": 5}])
+def test_cpu_fast_paths_flag_keeps_greedy_outputs(tiny_target, kw):
+    """`cpu_fast_paths=False` (plain lm_head, no Markov pruning) decodes the same tokens."""
+    from dspark.decoding import cpu_paths
+
+    model, tok = tiny_target("qwen3")
+    draft = _real_draft(model, tok, **kw)
+    with torch.no_grad():  # a large W2 makes the Markov bias decide tokens
+        draft.markov_head.markov_w2.weight.mul_(30.0)
+    assert cpu_paths.GreedyPruner.get(draft.markov_head) is not None  # the path is live
+    prompts = prompts_for(model.config.vocab_size, (6, 3, 9), 43)
+    outs = {
+        flag: SpeculativeDecoder(model, draft, cpu_fast_paths=flag).generate(prompts, 12)
+        for flag in (True, False)
+    }
+    assert outs[True].sequences == outs[False].sequences
+    assert outs[True].accept_lengths == outs[False].accept_lengths
+    assert outs[True].sequences == [greedy_reference(model, p, 12) for p in prompts]
+    ar = {
+        flag: SpeculativeDecoder(model, draft, cpu_fast_paths=flag).generate_autoregressive(
+            prompts, 12
+        )
+        for flag in (True, False)
+    }
+    assert ar[True].sequences == ar[False].sequences == outs[True].sequences
+
+
+def test_matvec_head_logits_matches_the_plain_head():
+    from dspark.decoding.cpu_paths import matvec_head_logits
+    from dspark.decoding.target_step import head_logits
+
+    torch.manual_seed(0)
+    head = nn.Linear(16, 512, bias=False)  # vocab >= 8 x hidden: the CPU path applies
+    hidden = torch.randn(3, 4, 16)
+    fast = head_logits(head, hidden)
+    assert matvec_head_logits(head, hidden) is not None
+    plain = head_logits(head, hidden, cpu_fast_paths=False)
+    torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fast.argmax(-1), plain.argmax(-1))
+    assert matvec_head_logits(head, hidden[:1, :1]) is None  # one row: F.linear already fast

@@ -137,9 +137,8 @@ def test_scheduler_skips_unprofitable_drafts_losslessly(tiny_target):
     for draft_s, expect_skips in ((50.0, True), (0.0, False)):
         dec = SpeculativeDecoder(
             model, draft, verify_policy="scheduler", sps=_profile(1.0, 0.02, 4, draft_s),
-            draft_probe_interval=3,
+            draft_probe_interval=3, observer=draft.recorder,
         )  # fmt: skip
-        draft.decoder = dec
         out = dec.generate(prompts, 14)
         assert out.sequences == refs
         skipped = [d == 0.0 and w == 1 for d, w in zip(out.round_draft_s, out.round_width)]
@@ -161,9 +160,13 @@ def test_scheduler_greedy_equals_plain_greedy_at_every_load(tiny_target, arch, b
         draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=gamma, seed=load)
         sps = _profile(1.0, 0.08, gamma)
         dec = SpeculativeDecoder(
-            model, draft, verify_policy="scheduler", sps=sps, scheduler_batch=batch_mode
+            model,
+            draft,
+            verify_policy="scheduler",
+            sps=sps,
+            scheduler_batch=batch_mode,
+            observer=draft.recorder,
         )
-        draft.decoder = dec
         out = dec.generate(prompts, max_new)
         assert out.sequences == refs, load
         lengths_seen |= {v for vs in out.verify_lengths for v in vs}

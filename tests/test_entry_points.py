@@ -25,6 +25,7 @@ SCRIPTS = {  # console script -> the checkout's script that calls the same funct
     "dspark-prepare-target": "data_scripts/prepare_target.py",
     "dspark-regenerate": "data_scripts/regenerate.py",
     "dspark-tokenize": "data_scripts/tokenize_data.py",
+    "dspark-export": "data_scripts/export.py",
     "dspark-distill": "train/distill.py",
     "dspark-benchmark": "eval/benchmark.py",
 }

@@ -34,15 +34,9 @@ def test_sweep_cells_traces_and_resume(tiny_target, tmp_path):
         model, draft, list(ls.POLICIES), threshold=0.5, sps=_profile(), temperature=0.0,
         max_length=128,
     )  # fmt: skip
-    # the oracle maps batch rows to requests through its decoder: one per policy call
+    # the oracle maps batch rows to requests through the decoders' observer hook
     for dec in decs.values():
-        orig = dec.generate
-
-        def generate(*a, _orig=orig, _dec=dec, **k):
-            draft.decoder = _dec
-            return _orig(*a, **k)
-
-        dec.generate = generate
+        dec.observer = draft.recorder
     cond = {"test": 1}
     res = ls.run_sweep(decs, prompts, [1, 4], max_new_tokens=10, eos=None, seed=0,
                        out_dir=tmp_path, conditions=cond, progress=lambda m: None)  # fmt: skip

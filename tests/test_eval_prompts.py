@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from dspark.eval.prompts import default_bench_dir, load_dataset, load_turns, render
+from dspark.errors import MissingPathError
+from dspark.eval import prompts
+from dspark.eval.prompts import find_bench_dir, load_dataset, load_turns, render
 
 
 @pytest.fixture
@@ -44,5 +46,37 @@ def test_embedded_held_out_set():
     assert len(convs) == 3 and all(len(c) == 1 and c[0] for c in convs)
 
 
-def test_default_bench_dir_is_beside_the_repo():
-    assert default_bench_dir().parts[-3:] == ("shared", "data", "bench")
+def test_bench_dir_search_order(tmp_path, monkeypatch):
+    """argument, then $DSPARK_BENCH_DIR, then ./../shared/data/bench, then beside the repo."""
+    monkeypatch.delenv("DSPARK_BENCH_DIR", raising=False)
+    beside_repo = tmp_path / "repo_parent" / "shared" / "data" / "bench"
+    monkeypatch.setattr(prompts, "REPO_ROOT", tmp_path / "repo_parent" / "repo")
+    cwd = tmp_path / "runs" / "checkout"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    with pytest.raises(MissingPathError, match="DSPARK_BENCH_DIR") as e:
+        find_bench_dir()
+    assert str(beside_repo) in str(e.value)  # the message lists what was searched
+    beside_repo.mkdir(parents=True)
+    assert find_bench_dir() == beside_repo
+    from_cwd = tmp_path / "runs" / "shared" / "data" / "bench"
+    from_cwd.mkdir(parents=True)
+    assert find_bench_dir() == from_cwd
+    env = tmp_path / "env_bench"
+    env.mkdir()
+    monkeypatch.setenv("DSPARK_BENCH_DIR", str(env))
+    assert find_bench_dir() == env
+    explicit = tmp_path / "explicit"
+    explicit.mkdir()
+    assert find_bench_dir(explicit) == explicit
+    assert find_bench_dir(str(explicit)) == explicit
+    # an explicit folder that does not exist is an error, not a fall-through
+    with pytest.raises(MissingPathError, match="bench_dir="):
+        find_bench_dir(tmp_path / "missing")
+    monkeypatch.setenv("DSPARK_BENCH_DIR", str(tmp_path / "missing"))
+    with pytest.raises(MissingPathError, match="DSPARK_BENCH_DIR="):
+        find_bench_dir()
+    # load_dataset searches the same way
+    (from_cwd / "tiny.jsonl").write_text('{"turns": ["hi"]}\n')
+    monkeypatch.delenv("DSPARK_BENCH_DIR")
+    assert load_dataset("tiny", None, None) == [["hi"]]

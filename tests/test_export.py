@@ -14,10 +14,10 @@ import pytest
 import torch
 from helpers import make_draft
 
-from dspark.capture import OnlineTargetCapture
 from dspark.decoding import SpeculativeDecoder
 from dspark.decoding.draft_step import propose
 from dspark.export import NotServableError, export_draft, layout_of, load_draft
+from dspark.target.capture import OnlineTargetCapture
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from helpers import make_draft
 
-from dspark.capture import BatchFeatures, OnlineTargetCapture
 from dspark.data import feature_cache as fc
 from dspark.data.collate import PadCollator
 from dspark.data.feature_dataset import ROW_COLUMN, CachedFeatureDataset, FeatureCache
 from dspark.objectives import DSparkObjective
+from dspark.target.capture import BatchFeatures, OnlineTargetCapture
 
 # The stated tolerance of a bf16 cache: bf16 keeps 8 significand bits (<= 2^-9 relative
 # rounding per feature); on the tiny targets the losses move by at most ~6e-5 relative

@@ -112,6 +112,39 @@ def test_markov_rank_0_means_confidence_on_h_k_alone(tiny_target, tmp_path):
     assert DSparkConfig.from_pretrained(tmp_path).confidence_head_with_markov is False
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"markov_head_type": "rnn"},
+        {"markov_rank": 0, "confidence_head_with_markov": False},
+        {"enable_confidence_head": False},
+    ],
+)
+def test_draft_satisfies_the_inference_protocol(tiny_target, kw):
+    """The decoder's draft API (docs/contracts.md, `DraftInference`) is what the model has."""
+    from types import SimpleNamespace
+
+    from dspark.modeling.protocols import (
+        ConfidenceHeadInference,
+        DraftInference,
+        MarkovHeadInference,
+    )
+
+    target, tok = tiny_target("qwen3")
+    draft = make_draft(target, tok, num_hidden_layers=1, **kw)
+    assert isinstance(draft, DraftInference)
+    if draft.markov_head is not None:
+        assert isinstance(draft.markov_head, MarkovHeadInference)
+    if draft.confidence_head is not None:
+        assert isinstance(draft.confidence_head, ConfidenceHeadInference)
+    assert (draft.markov_head is None) == (kw.get("markov_rank") == 0)
+    assert (draft.confidence_head is None) == (kw.get("enable_confidence_head") is False)
+    # the runtime check sees missing members
+    partial = SimpleNamespace(config=draft.config, lm_head=draft.lm_head, markov_head=None)
+    assert not isinstance(partial, DraftInference)
+
+
 def test_choose_mask_token_fallbacks():
     class Tok:
         def __init__(self, vocab):
@@ -409,7 +442,7 @@ def test_save_load_serving_layout(tiny_target, tmp_path, arch_, head_type, rank,
 def test_from_target_with_tied_embeddings(tiny_target, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from dspark.tiny import tiny_config
+    from dspark.target.tiny import tiny_config
 
     _, tok = tiny_target("llama")
     torch.manual_seed(1)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from helpers import make_draft
 
-from dspark.capture import BatchFeatures, OnlineTargetCapture
 from dspark.objectives import DFLASH_CONFIG_OVERRIDES, LocalReducer, build_objective
+from dspark.target.capture import BatchFeatures, OnlineTargetCapture
 
 G = 7
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from helpers import make_draft
 
-from dspark.capture import OnlineTargetCapture
 from dspark.data.collate import PadCollator
 from dspark.data.packing import PackedDataset, first_fit_pack, pack_features
 from dspark.modeling.backbone import training_block_mask, training_mask_mod
 from dspark.objectives import LocalReducer, build_objective
+from dspark.target.capture import OnlineTargetCapture
 
 G = 7
 

@@ -25,7 +25,7 @@ def test_loads_each_tiny_architecture(tiny_target, arch):
 def test_tiny_targets_are_deterministic(tiny_target_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from dspark.tiny import build_tiny_target
+    from dspark.target.tiny import build_tiny_target
 
     a = load_file(f"{tiny_target_dir('llama')}/model.safetensors")
     b = load_file(f"{build_tiny_target('llama', tmp_path / 'again')}/model.safetensors")

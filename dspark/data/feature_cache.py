@@ -219,7 +219,7 @@ def write_cache(
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    from dspark.capture import OnlineTargetCapture
+    from dspark.target.capture import OnlineTargetCapture
 
     if dtype not in DTYPES:
         raise FeatureCacheError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")

@@ -10,7 +10,7 @@ alone). `PackedDataset` is the dataset transform: each item is one packed row wi
 - `position_ids`: restarting at 0 for every conversation (the collator pads with 0).
 
 Every consumer must then keep the conversations apart: the target runs with document-aware
-causal attention and per-document positions (`dspark.capture`), the draft's block mask admits
+causal attention and per-document positions (`dspark.target.capture`), the draft's block mask admits
 context keys of the anchor's own document only and its RoPE positions are per document
 (`dspark.modeling.backbone`), and anchors / supervised slots never cross a document end
 (`dspark.objectives.dspark`). Packed features then equal those of each conversation run alone.

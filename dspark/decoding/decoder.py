@@ -12,8 +12,9 @@ Per round (see docs/dspark-method.md sections 1 and 3):
 
 Batching: prompts are right-padded and every row owns its positions (slot = position), so
 requests advance by their own acceptance lengths with no leakage. A request that finishes
-(EOS / budget) leaves the batch: its rows are gathered out of the caches once, so later rounds
-cost only what the live requests need (both decoders do this, keeping the comparison fair).
+(EOS / budget) leaves the batch (`LiveBatch`, live_batch.py): its rows are gathered out of the
+caches once, so later rounds cost only what the live requests need (both decoders do this,
+keeping the comparison fair).
 Host syncs: one small device->host copy per round (accept counts and tokens, needed for
 EOS / budget bookkeeping), plus one more with a confidence threshold (the verify length).
 Verify policies (`verify_policy`), each decided from the draft alone, never from the target,
@@ -42,16 +43,22 @@ rank 256, random init) takes ~30 ms at T=0, an 8-token verify ~90 ms, a 1-token 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
 from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
+from dspark.decoding.live_batch import LiveBatch
+from dspark.decoding.observer import DecodeObserver
 from dspark.decoding.output import GenerationOutput
 from dspark.decoding.sampling import sample, sample_per_row, warp
 from dspark.decoding.scheduler import SCHEDULERS
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import verify_greedy, verify_sampled
+
+if TYPE_CHECKING:
+    from dspark.modeling.protocols import DraftInference
 
 
 class SpeculativeDecoder:
@@ -72,12 +79,16 @@ class SpeculativeDecoder:
     the draft's context), then the scheduler drafts again to re-check.
     `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
     `draft=None` allows only `generate_autoregressive`.
+    `observer`: a `DecodeObserver` told which request each live row serves every round and
+    handed each finished request's caches (tests; the decoder itself keeps neither).
+    `cpu_fast_paths` (default on): the CPU-only lm_head and T = 0 Markov-pruning shortcuts of
+    cpu_paths.py; off runs the plain path everywhere (same greedy tokens).
     """
 
     def __init__(
         self,
         target,
-        draft=None,
+        draft: DraftInference | None = None,
         *,
         temperature: float = 0.0,
         top_p: float = 1.0,
@@ -93,6 +104,8 @@ class SpeculativeDecoder:
         time_rounds: bool = True,
         skip_unprofitable_drafts: bool = True,
         draft_probe_interval: int = 4,
+        observer: DecodeObserver | None = None,
+        cpu_fast_paths: bool = True,
     ):
         self.target, self.draft = target, draft
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
@@ -111,7 +124,8 @@ class SpeculativeDecoder:
         taps = list(draft.config.target_layer_ids) if draft is not None else []
         self.gamma = int(draft.config.block_size) if draft is not None else 0
         self.mask_token_id = int(draft.config.mask_token_id) if draft is not None else 0
-        self.runner = TargetRunner(target, taps)
+        self.cpu_fast_paths = cpu_fast_paths
+        self.runner = TargetRunner(target, taps, cpu_fast_paths=cpu_fast_paths)
         self.device = next(target.parameters()).device
         temps = getattr(draft.config, "confidence_temperatures", None) if draft else None
         self.confidence_temperatures = (
@@ -126,11 +140,7 @@ class SpeculativeDecoder:
             self.sps = load_or_measure(target, draft, gamma=self.gamma)
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
-        self.live_rows: list[int] = []  # request index of each live batch row (introspection)
-        # Test hook: with keep_final_caches, request -> (target cache, ctx cache, row) at its end.
-        # Off by default: every entry pins a whole batch's caches (GBs at batch 16+).
-        self.keep_final_caches = False
-        self.last_caches: dict = {}
+        self.observer = observer
         if compile:
             self.runner.compile(dynamic=True)
 
@@ -292,20 +302,16 @@ class SpeculativeDecoder:
             self._append(out.sequences[b], [first_host[b]], max_new_tokens, eos) for b in range(bsz)
         ]
         self._stamp(out, range(bsz), done, t0)
-        rows, apos_host = list(range(bsz)), list(lens)  # request of each live batch row
-        self.last_caches = {}
-        keep, cache, ctx = self._retire(rows, done, cache, ctx)
+        batch = LiveBatch(list(range(bsz)), list(lens), cache, ctx, dev, self.observer)
+        keep = batch.retire(done)
         anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
         slots = torch.arange(cache.max_len, device=dev)
         skip_left = 0  # AR rounds left before the scheduler drafts again
-        while rows:
-            if keep is not None:
-                apos_host = [apos_host[i] for i in keep]
-                rows = [rows[i] for i in keep]
-                if not rows:
-                    break
-            live, self.live_rows = len(rows), rows
+        while batch:
+            batch.start_round()
+            rows, apos_host, cache, ctx = batch.requests, batch.positions, batch.cache, batch.ctx
+            live = len(rows)
             t_round = time.perf_counter()
             apos = torch.tensor(apos_host, device=dev)
             ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
@@ -330,6 +336,7 @@ class SpeculativeDecoder:
                     top_p=self.top_p,
                     generator=gen,
                     confidence_temperatures=self.confidence_temperatures,
+                    cpu_fast_paths=self.cpu_fast_paths,
                 )
                 # drafts to verify: the policy (draft-only, so lossless) and the budget
                 vlen, vlen_host = self._verify_lengths(prop, cap, live)
@@ -367,7 +374,7 @@ class SpeculativeDecoder:
                 )
                 apos_host[i] += a + 1
             self._stamp(out, rows, done, t0)
-            keep, cache, ctx = self._retire(rows, done, cache, ctx)
+            keep = batch.retire(done)
             anchor = nxt[keep] if keep is not None else nxt
         return self._finish(out, t0)
 
@@ -400,18 +407,18 @@ class SpeculativeDecoder:
         out.prefill_s = time.perf_counter() - t0
         done = [self._append(out.sequences[b], [host[b]], max_new_tokens, eos) for b in range(bsz)]
         self._stamp(out, range(bsz), done, t0)
-        rows, apos_host = list(range(bsz)), list(lens)
+        batch = LiveBatch(list(range(bsz)), list(lens), cache, None, self.device, self.observer)
         rounds = [0] * bsz
-        self.last_caches = {}
         while True:
-            keep, cache, _ = self._retire(rows, done, cache, None)
+            keep = batch.retire(done)
             if keep is not None:
-                tok, apos_host = tok[keep], [apos_host[i] for i in keep]
-                rows = [rows[i] for i in keep]
+                tok = tok[keep]
                 if isinstance(gen, list):
                     gen = [gen[i] for i in keep]
-            if not rows:
+            if not batch:
                 break
+            batch.start_round()
+            rows, apos_host, cache = batch.requests, batch.positions, batch.cache
             t_step = time.perf_counter()
             pos = torch.tensor(apos_host, device=self.device)[:, None]
             start = apos_host[0] if len(set(apos_host)) == 1 else None
@@ -429,27 +436,6 @@ class SpeculativeDecoder:
         return self._finish(out, t0, keep_rounds=True)
 
     # ----------------------------------------------------------------- common
-    def _retire(self, rows: list[int], done: list[bool], cache, ctx):
-        """Drop finished requests from the live batch (one gather of the caches, only when
-        some finished): later rounds then cost what the live requests need.
-
-        Returns `(keep, cache, ctx)`; `keep` (row indices, a list) is None when nobody left.
-        With `keep_final_caches`, each finished request's final caches and row stay in
-        `self.last_caches[request]` (a test hook).
-        """
-        gone = [i for i, b in enumerate(rows) if done[b]]
-        if not gone:
-            return None, cache, ctx
-        if self.keep_final_caches:
-            for i in gone:
-                self.last_caches[rows[i]] = (cache, ctx, i)
-        keep = [i for i, b in enumerate(rows) if not done[b]]
-        if keep:
-            index = torch.tensor(keep, device=self.device)
-            cache = cache.select(index)
-            ctx = ctx.select(index) if ctx is not None else None
-        return keep, cache, ctx
-
     @staticmethod
     def _stamp(out: GenerationOutput, rows, done: list[bool], t0: float) -> None:
         """Set `finish_s` of the requests among `rows` that have just finished."""

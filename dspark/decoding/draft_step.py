@@ -1,18 +1,24 @@
 """One draft round: a single block pass, then the cheap serial Markov sampling loop.
 
 Uses only the draft inference API of docs/contracts.md (`block_hidden`, `lm_head`,
-`markov_head.step`, `confidence_head`), so any model implementing it can be decoded.
+`markov_head.step`, `confidence_head`; the `DraftInference` protocol of
+`dspark.modeling.protocols`), so any model implementing it can be decoded.
 """
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from dspark.decoding.cpu_paths import GreedyPruner
 from dspark.decoding.sampling import sample, warp
 from dspark.decoding.target_step import head_logits
+
+if TYPE_CHECKING:  # the protocol module is light, but dspark.modeling's package is not
+    from dspark.modeling.protocols import DraftInference
 
 
 @dataclass
@@ -23,11 +29,11 @@ class DraftProposal:
 
 
 def propose(
-    draft,
+    draft: DraftInference,
     anchor: torch.Tensor,
     anchor_pos: torch.Tensor,
-    ctx_kv,
-    ctx_valid,
+    ctx_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    ctx_valid: torch.Tensor,
     *,
     gamma: int,
     mask_token_id: int,
@@ -36,17 +42,19 @@ def propose(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     confidence_temperatures: torch.Tensor | None = None,
+    cpu_fast_paths: bool = True,
 ) -> DraftProposal:
     """Draft `gamma` tokens after `anchor [B]` sitting at `anchor_pos [B]`.
 
     `confidence_temperatures [>= gamma]` (STS, method doc section 4): c_k = sigmoid(z_k / T_k).
+    `cpu_fast_paths`: the CPU lm_head form and the T = 0 Markov pruning (cpu_paths.py).
     """
     bsz = anchor.shape[0]
     steps = torch.arange(gamma, device=anchor.device)
     block = torch.full((bsz, gamma), mask_token_id, dtype=torch.long, device=anchor.device)
     block[:, 0] = anchor
     h = draft.block_hidden(block, anchor_pos[:, None] + steps, ctx_kv, ctx_valid)
-    logits = head_logits(draft.lm_head, h)  # U [B, gamma, V]
+    logits = head_logits(draft.lm_head, h, cpu_fast_paths)  # U [B, gamma, V]
     head = getattr(draft, "markov_head", None)
     conf_head = getattr(draft, "confidence_head", None)
     greedy = temperature <= 0
@@ -61,7 +69,7 @@ def propose(
     state = head.init_state(bsz)
     prev = anchor
     tokens, qs, feats = [], [], []
-    pruner = _GreedyPruner.get(head) if greedy and h.device.type == "cpu" else None
+    pruner = GreedyPruner.for_round(head, greedy, h.device) if cpu_fast_paths else None
     for k in range(gamma):
         if pruner is not None:
             prev, feat, state = pruner.step(logits[:, k], h[:, k], prev, state)
@@ -95,50 +103,6 @@ def _calibrated(logits: torch.Tensor, temperatures: torch.Tensor | None) -> torc
     if temperatures is not None:
         logits = logits / temperatures[: logits.shape[1]].to(logits)
     return torch.sigmoid(logits)
-
-
-class _GreedyPruner:
-    """Exact T = 0 Markov step that skips most of the `markov_w2` GEMV (CPU).
-
-    For DSpark's Markov heads (`bias = W2 @ mixed`, `mixed = mix(h_k, W1[x_{k-1}])`), Cauchy-
-    Schwarz bounds every logit: |bias_v| <= ||W2_v|| * ||mixed||. Tokens whose upper bound
-    lies below the best lower bound cannot be the argmax, so only the remaining candidate rows
-    of W2 are multiplied (the full 49152 x 256 GEMV otherwise dominates the serial loop on a
-    CPU). Falls back to the full product when the bound prunes little. Used only for heads that
-    keep the reference `step`; any other head goes through its own `step`.
-    """
-
-    _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def __init__(self, head):
-        self.head = head
-        self.w2 = head.markov_w2.weight
-        self.row_norms = self.w2.float().norm(dim=1)
-        self.version = self.w2._version
-
-    @classmethod
-    def get(cls, head):
-        try:
-            from dspark.modeling.heads import MarkovHead
-        except ImportError:  # pragma: no cover - a draft from elsewhere
-            return None
-        if not isinstance(head, MarkovHead) or type(head).step is not MarkovHead.step:
-            return None
-        pruner = cls._cache.get(head)
-        if pruner is None or pruner.version != pruner.w2._version:  # weights changed: redo norms
-            pruner = cls._cache[head] = cls(head)
-        return pruner
-
-    def step(self, u_k, h_k, prev, state):
-        emb = self.head.markov_w1(prev)
-        mixed, state = self.head.mix(h_k, emb.to(h_k.dtype), state)
-        radius = mixed.float().norm(dim=-1, keepdim=True) * self.row_norms
-        lower = (u_k - radius).max(dim=-1, keepdim=True).values
-        cand = ((u_k + radius) >= lower).any(dim=0).nonzero().squeeze(1)
-        if cand.numel() * 8 > u_k.shape[-1]:
-            return (u_k + self.head.markov_w2(mixed).float()).argmax(-1), emb, state
-        exact = u_k[:, cand] + (mixed.to(self.w2.dtype) @ self.w2[cand].T).float()
-        return cand[exact.argmax(-1)], emb, state
 
 
 def verify_lengths(

@@ -38,7 +38,3 @@ def sample_per_row(probs: torch.Tensor, generators: list[torch.Generator]) -> to
     for row, g in zip(race, generators):
         row.exponential_(1.0, generator=g)
     return torch.argmax(probs / race, dim=-1)
-
-
-def uniform(shape, device, generator: torch.Generator | None = None) -> torch.Tensor:
-    return torch.rand(shape, device=device, generator=generator)

@@ -174,7 +174,7 @@ def device_name(device: torch.device) -> str:
 
 
 def cache_path(target_name: str, device: torch.device, dtype: torch.dtype, gamma: int) -> Path:
-    from dspark.target import cache_root
+    from dspark.target.loading import cache_root
 
     key = f"{device_name(device)}__{Path(str(target_name)).name}__{dtype}__g{gamma}"
     return cache_root() / "sps" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", key) + ".json")

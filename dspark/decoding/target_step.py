@@ -11,31 +11,31 @@ from __future__ import annotations
 import torch
 
 from dspark.decoding.cache import TargetKVCache, causal_mask
+from dspark.decoding.cpu_paths import matvec_head_logits
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def head_logits(head, hidden: torch.Tensor) -> torch.Tensor:
-    """`head(hidden)` in fp32. On CPU, a large-vocab bias-free head applied to a few rows runs
-    as `(W @ h^T)^T`: measured 2-3x faster than `F.linear` for 2-8 rows of SmolLM2's
-    49152 x 576 head (1 thread), identical for one row; GPUs keep `F.linear`."""
-    weight = getattr(head, "weight", None)
-    rows = hidden.numel() // hidden.shape[-1]
-    if (
-        isinstance(head, torch.nn.Linear)
-        and head.bias is None
-        and hidden.device.type == "cpu"
-        and 1 < rows <= 64
-        and weight.shape[0] >= 8 * weight.shape[1]
-    ):
-        flat = hidden.reshape(rows, hidden.shape[-1]).to(weight.dtype)
-        return (weight @ flat.T).T.reshape(*hidden.shape[:-1], weight.shape[0]).float()
+def head_logits(head, hidden: torch.Tensor, cpu_fast_paths: bool = True) -> torch.Tensor:
+    """`head(hidden)` in fp32; with `cpu_fast_paths`, the CPU matrix-vector form where it
+    applies (`cpu_paths.matvec_head_logits`); GPUs keep `F.linear` either way."""
+    if cpu_fast_paths:
+        logits = matvec_head_logits(head, hidden)
+        if logits is not None:
+            return logits
     return head(hidden).float()
 
 
 class TargetRunner:
-    def __init__(self, model, tap_ids: list[int] | tuple[int, ...] = (), fast: bool | None = None):
+    def __init__(
+        self,
+        model,
+        tap_ids: list[int] | tuple[int, ...] = (),
+        fast: bool | None = None,
+        cpu_fast_paths: bool = True,
+    ):
         self.model = model
+        self.cpu_fast_paths = cpu_fast_paths  # the CPU lm_head path (cpu_paths.py)
         self.tap_ids = list(tap_ids)
         self.num_layers = model.config.num_hidden_layers
         base = getattr(model, "model", None)
@@ -73,7 +73,7 @@ class TargetRunner:
         hidden, taps = self._core(input_ids, positions, mask, cache, tapped)
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_at]
-        logits = head_logits(self.model.lm_head, hidden)
+        logits = head_logits(self.model.lm_head, hidden, self.cpu_fast_paths)
         return logits, taps
 
     def _fast_core(self, input_ids, positions, mask, cache, tapped):

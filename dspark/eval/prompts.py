@@ -3,20 +3,56 @@
 A prompt set is a list of conversations; a conversation is its list of user turns. The
 benchmark renders them through the target's chat template (`add_generation_prompt=True`),
 either the first turn only or every turn with the target's own earlier answers fed back.
+
+The bench sets (gsm8k.jsonl, mt-bench.jsonl, ...) live in a folder found in this order
+(`find_bench_dir`):
+1. the explicit argument (`bench_dir=` of the benchmark config, `--bench-dir` of the scripts);
+2. `$DSPARK_BENCH_DIR`;
+3. `../shared/data/bench` from the current directory (a checkout run from its root);
+4. `shared/data/bench` beside the repository (the parent of this checkout).
+An explicit folder (1, 2) must exist; otherwise the first of 3, 4 that exists is used.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+from dspark.errors import MissingPathError
 
 EMBEDDED = "embedded"  # the name of the project's own held-out prompt set in `datasets`
 REPO_ROOT = Path(__file__).resolve().parents[2]
+BENCH_ENV = "DSPARK_BENCH_DIR"
+SHARED_BENCH = Path("shared") / "data" / "bench"
 
 
-def default_bench_dir() -> Path:
-    """`<repo>/../shared/data/bench`: where the DSpark paper's bench sets live beside the repo."""
-    return REPO_ROOT.parent / "shared" / "data" / "bench"
+def bench_dir_candidates() -> list[Path]:
+    """The implicit places (3, 4 of the module docstring), in search order."""
+    return [Path.cwd().parent / SHARED_BENCH, REPO_ROOT.parent / SHARED_BENCH]
+
+
+def find_bench_dir(bench_dir: str | Path | None = None) -> Path:
+    """The bench-set folder by the search order of the module docstring, or a
+    `MissingPathError` that names `$DSPARK_BENCH_DIR` and the places searched."""
+    for given, source in ((bench_dir, "bench_dir"), (os.environ.get(BENCH_ENV), BENCH_ENV)):
+        if given:
+            path = Path(given).expanduser()
+            if not path.is_dir():
+                raise MissingPathError(
+                    f"{source}={given}: no such directory; point it at the folder of the bench "
+                    "sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
+                )
+            return path
+    candidates = bench_dir_candidates()
+    for path in candidates:
+        if path.is_dir():
+            return path
+    raise MissingPathError(
+        "no bench-set folder found: set $DSPARK_BENCH_DIR (or bench_dir= / --bench-dir) to the "
+        "folder of the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...); searched "
+        + ", ".join(str(p) for p in candidates)
+    )
 
 
 def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
@@ -72,13 +108,14 @@ def load_dataset(name: str, bench_dir: str | Path | None, limit: int | None) -> 
     """`embedded` or the stem of a JSONL file in `bench_dir` (e.g. gsm8k, mt-bench)."""
     if name == EMBEDDED:
         return load_embedded(limit)
-    root = Path(bench_dir) if bench_dir else default_bench_dir()
+    root = find_bench_dir(bench_dir)
     path = root / f"{name}.jsonl"
     if not path.exists():
         found = sorted(p.stem for p in root.glob("*.jsonl")) if root.is_dir() else []
         raise FileNotFoundError(
             f"no prompt set {name!r}: {path} does not exist. Known here: "
-            f"{', '.join(found + [EMBEDDED]) or EMBEDDED}; set bench_dir= to another folder."
+            f"{', '.join(found + [EMBEDDED]) or EMBEDDED}; set bench_dir= (or ${BENCH_ENV}) to "
+            "another folder."
         )
     return load_turns(path, limit)
 

@@ -410,7 +410,7 @@ def load_models(cfg):
     """(target, tokenizer, draft, target spec) on the configured device and dtype."""
     from dspark.errors import require_draft_dir
     from dspark.modeling import DSparkDraftModel
-    from dspark.target import _as_dtype, load_target
+    from dspark.target.loading import _as_dtype, load_target
 
     device = resolve_device(cfg.device)
     dtype = _as_dtype(cfg.dtype)

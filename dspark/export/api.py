@@ -48,7 +48,7 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 def resolve_verifier(config, verifier: str | None) -> tuple[str, list[str]]:
     """The target name engines should load (a local dir for embedded / tiny / path targets, else
     the hub id) and its `architectures`."""
-    from dspark.target import EMBEDDED_ALIASES, TINY_PREFIX, resolve_target
+    from dspark.target.loading import EMBEDDED_ALIASES, TINY_PREFIX, resolve_target
 
     name = verifier or config.target_name_or_path
     if not name:

@@ -13,7 +13,7 @@ import torch
 @torch.no_grad()
 def all_anchor_outputs(draft, target, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """`input_ids [1, S]` -> {"logits" [N*gamma, V], "confidence_logits" [N*gamma], "tapped"}."""
-    from dspark.capture import OnlineTargetCapture
+    from dspark.target.capture import OnlineTargetCapture
 
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError("pass one sequence, input_ids [1, S]")

@@ -2,6 +2,7 @@
 
 from dspark.modeling.draft import DSparkDraftModel, DSparkDraftOutput
 from dspark.modeling.heads import ConfidenceHead, GatedMarkovHead, MarkovHead, RNNMarkovHead
+from dspark.modeling.protocols import DraftInference
 
 
 def _register_auto() -> None:
@@ -21,6 +22,7 @@ __all__ = [
     "ConfidenceHead",
     "DSparkDraftModel",
     "DSparkDraftOutput",
+    "DraftInference",
     "GatedMarkovHead",
     "MarkovHead",
     "RNNMarkovHead",

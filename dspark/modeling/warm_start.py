@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.capture import base_model
+from dspark.target.capture import base_model
 
 
 def default_init_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:

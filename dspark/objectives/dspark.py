@@ -34,9 +34,9 @@ from collections.abc import Mapping
 import torch
 
 from dspark import losses as L
-from dspark.capture import FeatureSource, OnlineTargetCapture, target_logits
 from dspark.objectives.base import LocalReducer, Reducer, reduce_named
 from dspark.objectives.documents import document_starts, sample_document_anchors
+from dspark.target.capture import FeatureSource, OnlineTargetCapture, target_logits
 
 
 class DSparkObjective:

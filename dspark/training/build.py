@@ -73,8 +73,8 @@ def build_draft(cfg, device: torch.device):
 def build_objective_for(cfg, target, draft_config):
     """The objective; with `data.features` it reads cached features from the batch instead of
     running the target (whose lm_head still gives the target distribution)."""
-    from dspark.capture import BatchFeatures
     from dspark.objectives import build_objective
+    from dspark.target.capture import BatchFeatures
 
     o = cfg.objective
     return build_objective(

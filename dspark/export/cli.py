@@ -1,0 +1,58 @@
+"""Export a trained draft for serving engines (`data_scripts/export.py`, console `dspark-export`).
+
+python data_scripts/export.py runs/quickstart/draft exports/smollm2-dspark            # deepspec, bf16
+python data_scripts/export.py runs/quickstart/draft exports/smollm2-spec --format speculators
+python data_scripts/export.py DRAFT OUT --dtype float32 --engine any --target Qwen/Qwen3-8B
+
+The output directory holds config.json, model.safetensors and a README.md with the exact
+`vllm serve ... --speculative-config '{...}'` and SGLang commands (num_speculative_tokens =
+the draft's block size). A draft that vLLM / SGLang would serve wrong (gated / rnn heads, ...)
+is refused with the reasons unless --engine any.
+"""
+
+import argparse
+import sys
+
+
+def export_main(argv=None) -> int:
+    """Parse `argv`, export; 0 on success, 1 when the export is refused (message on stderr)."""
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("draft", help="draft directory (ours, DeepSpec or speculators layout)")
+    p.add_argument("out", help="output directory (must not exist unless --overwrite)")
+    p.add_argument("--format", default="deepspec", choices=["deepspec", "speculators"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        choices=["vllm", "any"],
+        help="vllm: refuse drafts vLLM/SGLang serve wrong; any: write them anyway",
+    )
+    p.add_argument("--target", default=None, help="target name for engines (default: the draft's)")
+    p.add_argument(
+        "--draft-vocab",
+        default=None,
+        help="reduced draft vocabulary: .json ids / d2t, .safetensors or .pt (d2t or ids)",
+    )
+    p.add_argument("--overwrite", action="store_true")
+    a = p.parse_args(argv)
+    from dspark.export import NotServableError, export_draft
+
+    try:
+        out = export_draft(
+            a.draft,
+            a.out,
+            a.format,
+            dtype=a.dtype,
+            engine=a.engine,
+            verifier=a.target,
+            draft_vocab=a.draft_vocab,
+            overwrite=a.overwrite,
+        )
+    except (NotServableError, FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"export failed: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}\n")
+    print((out / "README.md").read_text())
+    return 0
