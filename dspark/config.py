@@ -16,7 +16,12 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+# The Markov head types, the one list: the schema's choices, `check()` and the head registry
+# (dspark/modeling/heads.py, whose classes carry these names) all read it.
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+# Target layers a fresh draft taps by default (`default_target_layer_ids`); not a config field
+# (a draft stores the ids), hence a constant here that `from_target_config` and the schema read.
+NUM_TARGET_FEATURES = 5
 TARGET_FAMILIES = ("llama", "qwen2", "qwen3")
 # Every draft, whatever its target's family, is built from Qwen3-style decoder layers (q/k
 # RMSNorm, no q/k/v bias) and declares the one architecture upstream vLLM / SGLang / DeepSpec
@@ -68,7 +73,7 @@ def target_family(model_type: str) -> str:
     )
 
 
-def default_target_layer_ids(num_target_layers: int, n: int = 5) -> list[int]:
+def default_target_layer_ids(num_target_layers: int, n: int = NUM_TARGET_FEATURES) -> list[int]:
     """Decoder-layer ids to tap: `n` ids spread evenly over 1..N-3 (never the final layer).
 
     36 layers -> [1, 9, 17, 25, 33]; 30 layers (SmolLM2-135M) -> [1, 8, 14, 21, 27]
@@ -295,17 +300,19 @@ class DSparkConfig(PretrainedConfig):
         cls,
         target_config,
         *,
-        num_hidden_layers: int = 5,
-        block_size: int = 7,
+        # The defaults are this class's field defaults above (names of the class body),
+        # never restated numbers: a field's default changes here and nowhere else.
+        num_hidden_layers: int = num_hidden_layers,
+        block_size: int = block_size,
         target_layer_ids: list[int] | None = None,
         mask_token_id: int | None = None,
-        num_anchors: int = 512,
-        markov_rank: int = 256,
-        markov_head_type: str = "vanilla",
-        enable_confidence_head: bool = True,
-        confidence_head_with_markov: bool = True,
+        num_anchors: int = num_anchors,
+        markov_rank: int = markov_rank,
+        markov_head_type: str = markov_head_type,
+        enable_confidence_head: bool = enable_confidence_head,
+        confidence_head_with_markov: bool = confidence_head_with_markov,
         target_name_or_path: str | None = None,
-        num_target_features: int = 5,
+        num_target_features: int = NUM_TARGET_FEATURES,
     ) -> DSparkConfig:
         """Copy `target_config` (an HF config or its dict), keep `num_hidden_layers` layers and
         add the DSpark fields. `target_layer_ids=None` uses `default_target_layer_ids`.

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from dspark.config import DSparkConfig
+
 # DSparkConfig keys that are not part of a plain decoder-layer (Qwen3) config.
 DSPARK_KEYS = (
     "architectures",
@@ -139,10 +141,15 @@ def dspark_kwargs_from_speculators(raw: dict[str, Any], source: str) -> dict[str
         mask_token_id=raw.get("mask_token_id"),
         target_layer_ids=[int(i) - 1 for i in aux],
         num_target_layers=raw.get("num_target_layers"),
-        markov_rank=int(raw.get("markov_rank", 256)),
-        markov_head_type=raw.get("markov_head_type", "vanilla"),
-        enable_confidence_head=bool(raw.get("enable_confidence_head", True)),
-        confidence_head_with_markov=bool(raw.get("confidence_head_with_markov", True)),
+        # keys a speculators config may lack: DSparkConfig's own defaults
+        markov_rank=int(raw.get("markov_rank", DSparkConfig.markov_rank)),
+        markov_head_type=raw.get("markov_head_type", DSparkConfig.markov_head_type),
+        enable_confidence_head=bool(
+            raw.get("enable_confidence_head", DSparkConfig.enable_confidence_head)
+        ),
+        confidence_head_with_markov=bool(
+            raw.get("confidence_head_with_markov", DSparkConfig.confidence_head_with_markov)
+        ),
         target_model_type=family,
         target_name_or_path=verifier.get("name_or_path"),
     )

@@ -110,7 +110,9 @@ class RNNMarkovHead(MarkovHead):
         return torch.stack(mixed, dim=-2), emb
 
 
-MARKOV_HEADS = {"vanilla": MarkovHead, "gated": GatedMarkovHead, "rnn": RNNMarkovHead}
+# Keyed by each class's `head_type`; tests/test_modeling.py checks the keys are
+# dspark.config.MARKOV_HEAD_TYPES (the one list of names, which configs validate against).
+MARKOV_HEADS = {cls.head_type: cls for cls in (MarkovHead, GatedMarkovHead, RNNMarkovHead)}
 
 
 def build_markov_head(config) -> MarkovHead | None:

@@ -8,11 +8,15 @@ metrics = objective.evaluate(draft, batch, reducer)
 from __future__ import annotations
 
 from dspark.objectives.base import LocalReducer, Objective, Reducer, TorchDistributedReducer
-from dspark.objectives.dspark import DFlashObjective, DSparkObjective
+from dspark.objectives.dspark import LOSS_WEIGHTS, DFlashObjective, DSparkObjective, LossWeights
 
 OBJECTIVES = {"dspark": DSparkObjective, "dflash": DFlashObjective}
 
 # Draft-config overrides (for DSparkConfig.from_target_config) that make a pure DFlash draft.
+# The Hydra option `draft=dflash` (conf/draft/dflash.yaml) states the same keys: both stay,
+# because this constant must work without a checkout's conf/ (an installed package) and the
+# yaml is the group option users see beside dspark/gated/rnn; loading one from the other would
+# tie the package to finding conf/. tests/test_run_config.py checks the two are equal.
 DFLASH_CONFIG_OVERRIDES = {
     "markov_rank": 0,
     "enable_confidence_head": False,
@@ -37,6 +41,8 @@ __all__ = [
     "DFLASH_CONFIG_OVERRIDES",
     "DFlashObjective",
     "DSparkObjective",
+    "LOSS_WEIGHTS",
+    "LossWeights",
     "LocalReducer",
     "OBJECTIVES",
     "Objective",

@@ -30,6 +30,7 @@ conversation's loss terms equal those it has alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +38,20 @@ from dspark import losses as L
 from dspark.objectives.base import LocalReducer, Reducer, reduce_named
 from dspark.objectives.documents import document_starts, sample_document_anchors
 from dspark.target.capture import FeatureSource, OnlineTargetCapture, target_logits
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """The loss-weight defaults (method doc, section 2), written here once: `DSparkObjective`
+    and the run config's `objective` group (dspark/training/schema.py) both read them."""
+
+    ce_weight: float = 0.1
+    l1_weight: float = 0.9
+    confidence_weight: float = 1.0
+    loss_decay_gamma: float = 4.0
+
+
+LOSS_WEIGHTS = LossWeights()
 
 
 class DSparkObjective:
@@ -51,10 +66,10 @@ class DSparkObjective:
         target,
         draft_config,
         *,
-        ce_weight: float = 0.1,
-        l1_weight: float = 0.9,
-        confidence_weight: float = 1.0,
-        loss_decay_gamma: float = 4.0,
+        ce_weight: float = LOSS_WEIGHTS.ce_weight,
+        l1_weight: float = LOSS_WEIGHTS.l1_weight,
+        confidence_weight: float = LOSS_WEIGHTS.confidence_weight,
+        loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma,
         num_anchors: int | None = None,
         seed: int = 0,
         eval_seed: int = 1234,

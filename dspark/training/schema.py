@@ -3,7 +3,9 @@
 Hydra merges `conf/` group files and a `recipes/` experiment onto `DistillConfig`, so an
 unknown or misspelt key, or a value of the wrong type, is an error before anything runs.
 Model fields that travel with the weights (`config.json`) are built from `DraftConfig` once,
-at draft creation; this run config is never shipped with a checkpoint.
+at draft creation; this run config is never shipped with a checkpoint. Their defaults are not
+written here: `DraftConfig` reads `DSparkConfig`'s (dspark/config.py) and `ObjectiveConfig`
+the objective's `LOSS_WEIGHTS` (dspark/objectives/dspark.py), so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
+from dspark.config import MARKOV_HEAD_TYPES, NUM_TARGET_FEATURES, DSparkConfig
 from dspark.errors import BadInputError
+from dspark.objectives.dspark import LOSS_WEIGHTS
 
 
 @dataclass
@@ -52,16 +56,16 @@ class DraftConfig:
     # A fresh draft's init: target_layers copies target decoder layers (modeling/warm_start.py)
     init: str = "target_layers"
     init_layers: list[int] | None = None  # target layers to copy; None: the last num_hidden_layers
-    num_hidden_layers: int = 5
-    block_size: int = 7
+    num_hidden_layers: int = DSparkConfig.num_hidden_layers
+    block_size: int = DSparkConfig.block_size
     target_layer_ids: list[int] | None = None  # None: spread evenly over 1..N-3
-    num_target_layers_tapped: int = 5
+    num_target_layers_tapped: int = NUM_TARGET_FEATURES
     mask_token_id: int | None = None  # None: an unused special token of the tokenizer
-    num_anchors: int = 512
-    markov_rank: int = 256  # 0: no Markov head (pure DFlash)
-    markov_head_type: str = "vanilla"  # vanilla | gated | rnn
-    enable_confidence_head: bool = True
-    confidence_head_with_markov: bool = True
+    num_anchors: int = DSparkConfig.num_anchors
+    markov_rank: int = DSparkConfig.markov_rank  # 0: no Markov head (pure DFlash)
+    markov_head_type: str = DSparkConfig.markov_head_type  # one of MARKOV_HEAD_TYPES
+    enable_confidence_head: bool = DSparkConfig.enable_confidence_head
+    confidence_head_with_markov: bool = DSparkConfig.confidence_head_with_markov
 
 
 @dataclass
@@ -98,10 +102,10 @@ class DataConfig:
 @dataclass
 class ObjectiveConfig:
     name: str = "dspark"
-    ce_weight: float = 0.1
-    l1_weight: float = 0.9
-    confidence_weight: float = 1.0
-    loss_decay_gamma: float = 4.0
+    ce_weight: float = LOSS_WEIGHTS.ce_weight
+    l1_weight: float = LOSS_WEIGHTS.l1_weight
+    confidence_weight: float = LOSS_WEIGHTS.confidence_weight
+    loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma
 
 
 @dataclass
@@ -156,7 +160,7 @@ class DistillConfig:
 
 
 _CHOICES = {
-    ("draft", "markov_head_type"): ("vanilla", "gated", "rnn"),
+    ("draft", "markov_head_type"): MARKOV_HEAD_TYPES,
     ("draft", "init"): ("random", "target_layers"),
     ("trainer", "mixed_precision"): ("no", "bf16", "fp16", "auto"),
     ("trainer", "attention"): ("auto", "sdpa", "flex"),
