@@ -67,6 +67,15 @@ def test_bad_choice_names_allowed_values():
         check(cfg)
 
 
+def _leaves(node, prefix=""):
+    """(dotted key, value) of every non-mapping value in a yaml node, nested groups included."""
+    for key, value in node.items():
+        if OmegaConf.is_dict(value) or isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
 def test_recipes_restate_no_default(recipe):
     """A recipe only says how it differs from the schema plus the group options it picks."""
@@ -79,11 +88,12 @@ def test_recipes_restate_no_default(recipe):
         ((key, value),) = entry.items()
         picks.append(f"{key.removeprefix('override ').removeprefix('/')}={value}")
     base = _compose([*picks, "data.train=unset"])
-    for group in GROUPS:
-        for key, value in (node.get(group) or {}).items():
-            assert base[group][key] != value, (
-                f"recipes/{recipe}.yaml restates the default {group}.{key}={value}"
-            )
+    body = {k: v for k, v in node.items() if k != "defaults"}
+    assert set(body) <= set(GROUPS), f"recipes/{recipe}.yaml sets keys outside {GROUPS}"
+    for key, value in _leaves(body):  # every key, nested ones (draft.lora.r) included
+        assert OmegaConf.select(base, key, throw_on_missing=False) != value, (
+            f"recipes/{recipe}.yaml restates the default {key}={value}"
+        )
 
 
 def test_defaults_live_in_the_schema_only():
@@ -94,9 +104,85 @@ def test_defaults_live_in_the_schema_only():
     for group in GROUPS:
         for path in (CONF / group).glob("*.yaml"):
             node = OmegaConf.load(path)
-            for key, value in node.items():
-                if key == "defaults":
-                    continue
+            for key, value in _leaves({k: v for k, v in node.items() if k != "defaults"}):
                 assert OmegaConf.select(base, f"{group}.{key}", throw_on_missing=False) != value, (
                     f"{path} restates the schema default {group}.{key}={value}"
                 )
+
+
+def _restated_literals(path, scope, names):
+    """Names among `names` whose default in `scope` (a class, or class.method) of the source
+    file `path` is written as a literal rather than read from the one place it lives (None,
+    "not set", is no restated default)."""
+    import ast
+
+    tree = ast.parse(Path(path).read_text())
+    node = tree
+    for name in scope.split("."):
+        node = next(
+            n
+            for n in ast.walk(node)
+            if isinstance(n, ast.ClassDef | ast.FunctionDef) and n.name == name
+        )
+    if isinstance(node, ast.ClassDef):
+        pairs = [
+            (n.target.id, n.value)
+            for n in node.body
+            if isinstance(n, ast.AnnAssign) and n.value is not None
+        ]
+    else:
+        a = node.args
+        pairs = [(x.arg, d) for x, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+    literal = [n for n, v in pairs if isinstance(v, ast.Constant) and v.value is not None]
+    return [n for n in literal if n in names]
+
+
+def test_draft_and_loss_defaults_have_one_source():
+    """DSparkConfig holds the draft defaults, LOSS_WEIGHTS the loss weights, MARKOV_HEAD_TYPES
+    the head names; the schema, from_target_config and the objective read them, never restate
+    them (a restated literal fails even while its value still agrees), so they cannot drift."""
+    import dataclasses
+    import inspect
+
+    import dspark.config as config_module
+    import dspark.objectives.dspark as objective_module
+    import dspark.training.schema as schema_module
+    from dspark.config import MARKOV_HEAD_TYPES, NUM_TARGET_FEATURES, DSparkConfig
+    from dspark.modeling.heads import MARKOV_HEADS
+    from dspark.objectives import LOSS_WEIGHTS, DSparkObjective
+    from dspark.training.schema import _CHOICES, DraftConfig, ObjectiveConfig
+
+    model = {f.name: f.default for f in dataclasses.fields(DSparkConfig)}
+    draft = {f.name: f.default for f in dataclasses.fields(DraftConfig)}
+    shared = set(model) & set(draft)
+    assert {"num_hidden_layers", "block_size", "num_anchors", "markov_rank"} <= shared
+    assert {k: draft[k] for k in shared} == {k: model[k] for k in shared}
+    assert draft["num_target_layers_tapped"] == NUM_TARGET_FEATURES
+    build = inspect.signature(DSparkConfig.from_target_config).parameters
+    for name in shared:
+        assert build[name].default == model[name], f"from_target_config's {name} default"
+    assert build["num_target_features"].default == NUM_TARGET_FEATURES
+
+    weights = dataclasses.asdict(LOSS_WEIGHTS)
+    objective = {f.name: f.default for f in dataclasses.fields(ObjectiveConfig)}
+    ctor = inspect.signature(DSparkObjective.__init__).parameters
+    assert {k: objective[k] for k in weights} == weights
+    assert {k: ctor[k].default for k in weights} == weights
+
+    assert _CHOICES[("draft", "markov_head_type")] is MARKOV_HEAD_TYPES
+    assert tuple(MARKOV_HEADS) == MARKOV_HEAD_TYPES
+
+    assert not _restated_literals(schema_module.__file__, "DraftConfig", model)
+    assert not _restated_literals(schema_module.__file__, "ObjectiveConfig", weights)
+    assert not _restated_literals(config_module.__file__, "DSparkConfig.from_target_config", model)
+    assert not _restated_literals(objective_module.__file__, "DSparkObjective.__init__", weights)
+
+
+def test_dflash_option_is_the_python_overrides():
+    """`draft=dflash` and DFLASH_CONFIG_OVERRIDES are the same DFlash (see the constant's note)."""
+    from dspark.objectives import DFLASH_CONFIG_OVERRIDES
+
+    yaml = OmegaConf.to_container(OmegaConf.load(CONF / "draft" / "dflash.yaml"))
+    assert yaml == DFLASH_CONFIG_OVERRIDES
+    draft = _compose(["draft=dflash", "data.train=x"]).draft
+    assert {k: draft[k] for k in DFLASH_CONFIG_OVERRIDES} == DFLASH_CONFIG_OVERRIDES

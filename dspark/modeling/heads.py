@@ -110,7 +110,7 @@ class RNNMarkovHead(MarkovHead):
         return torch.stack(mixed, dim=-2), emb
 
 
-# Keyed by each class's `head_type`; tests/test_modeling.py checks the keys are
+# Keyed by each class's `head_type`; tests/test_run_config.py checks the keys are
 # dspark.config.MARKOV_HEAD_TYPES (the one list of names, which configs validate against).
 MARKOV_HEADS = {cls.head_type: cls for cls in (MarkovHead, GatedMarkovHead, RNNMarkovHead)}
 
