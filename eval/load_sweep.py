@@ -4,7 +4,7 @@
         [--max-new-tokens 32] [--policies ar full threshold scheduler scheduler_ragged] \
         [--threshold 0.5] [--threads N] [--out runs/load_sweep]
 
-Draft: --draft, else the first of /work/main/runs/{smollm2,quickstart}/draft that exists (read
+Draft: --draft, else the first of runs/{smollm2,quickstart}/draft (from the cwd) that exists (read
 in place), else a random-init draft (--random-draft; acceptance near zero, said in the report).
 The scheduler's SPS profile is the cached one for this device/target/dtype (measured on first
 use; --sps PROFILE.json to pass another). Writes results.json, traces.jsonl, report.md and two
@@ -19,7 +19,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-KNOWN_DRAFTS = ("/work/main/runs/smollm2/draft", "/work/main/runs/quickstart/draft")
+KNOWN_DRAFTS = ("runs/smollm2/draft", "runs/quickstart/draft")  # relative to the cwd
 
 
 def main() -> None:
