@@ -35,7 +35,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1, help="sequences per rank per micro-step")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--world-size", type=int, default=8)
-    p.add_argument("--num-anchors", type=int, default=512)
+    p.add_argument("--num-anchors", type=int, default=RunShape.num_anchors)
     p.add_argument("--check", nargs="*", default=[], help="targets to measure on this CPU")
     p.add_argument("--check-batch", type=int, default=1)
     p.add_argument("--check-seq-len", type=int, default=256)

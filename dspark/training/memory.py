@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from dspark.config import NUM_TARGET_FEATURES, DSparkConfig
+
 GiB = 2**30
 LOGIT_COPIES = 6  # fp32 [M, V] tensors alive at the loss's peak (see the module docstring)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -73,11 +75,12 @@ class RunShape:
     target_dtype: str = "bfloat16"
     compute_bytes: int = 2  # draft activations: 2 under bf16 autocast, 4 in fp32
     attention: str = "flex"  # flex (no score matrix) | sdpa (explicit mask: scores materialise)
-    num_hidden_layers: int = 5  # draft
-    block_size: int = 7
-    num_anchors: int = 512
-    markov_rank: int = 256
-    num_target_layers_tapped: int = 5
+    # the draft's shape: DSparkConfig's defaults (the one place they are written)
+    num_hidden_layers: int = DSparkConfig.num_hidden_layers
+    block_size: int = DSparkConfig.block_size
+    num_anchors: int = DSparkConfig.num_anchors
+    markov_rank: int = DSparkConfig.markov_rank
+    num_target_layers_tapped: int = NUM_TARGET_FEATURES
 
 
 def target_config(spec: str):
