@@ -104,6 +104,13 @@ def test_script_end_to_end(tiny_target, tmp_path, bench_dir):
                     "## Versus transformers", "## Confidence calibration",
                     "## Draft vs verify"):  # fmt: skip
         assert heading in report
+    # the break-even line is the formula by hand on the monitored times, with the verdict
+    be = (
+        mon["speculative"]["draft_ms_per_round"] + mon["speculative"]["verify_ms_per_round"]
+    ) / mon["autoregressive"]["verify_ms_per_round"]
+    verdict = "pays off" if acc["tau"] > be else "does not pay off"
+    assert f"tiny: a round costs {be:.2f} plain AR steps, so break-even tau = {be:.2f}" in report
+    assert f"this draft's tau {acc['tau']:.2f} {verdict} here" in report
     # every table states its conditions
     tables = report.split("\n## ")[1:]
     assert all("Conditions" in t or "| key | value |" in t for t in tables if "|---" in t)

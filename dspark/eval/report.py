@@ -36,6 +36,84 @@ def _where(c: dict) -> str:
     )
 
 
+def _monitoring(ds: dict, base_cond: str, where: str) -> list[str]:
+    """Draft vs verify time per round, and the break-even tau those times imply."""
+    out: list[str] = []
+    mon = [(name, d["monitoring"]) for name, d in ds.items() if d.get("monitoring")]
+    if mon:
+        out += [
+            "",
+            "## Draft vs verify time per round (monitoring)",
+            "",
+            f"Conditions: {base_cond}; {where}. Per round of a batch: draft = block pass + "
+            "Markov loop + verify-length policy; verify = target pass + acceptance + draft "
+            "context write + the host copy (AR: one decode step). draft/verify above ~0.3 "
+            "means the draft, not the target, limits the speedup. Verify tokens = tokens the "
+            "policy priced (sum of 1 + L per request); padded = what the padded pass computed.",
+            "",
+        ]
+        rows = []
+        for name, m in mon:
+            for method in ("speculative", "autoregressive"):
+                if method not in m:
+                    continue
+                x = m[method]
+                rows.append(
+                    [
+                        name,
+                        method,
+                        str(x["rounds"]),
+                        _f(x["draft_ms_per_round"], 1),
+                        _f(x["verify_ms_per_round"], 1),
+                        _f(x["draft_over_verify"]),
+                        _f(x["verify_tokens_per_round"], 1),
+                        _f(x["padded_tokens_per_round"], 1),
+                    ]
+                )
+        out += _table(
+            [
+                "dataset",
+                "decoder",
+                "rounds",
+                "draft ms",
+                "verify ms",
+                "draft/verify",
+                "verify tok/round",
+                "padded tok/round",
+            ],
+            rows,
+        )
+
+    out += _break_even(ds, mon)
+    return out
+
+
+def _break_even(ds: dict, mon: list) -> list[str]:
+    """tau a draft needs here: (draft + verify ms per round) / (ms per plain AR step)."""
+    lines = []
+    for name, m in mon:
+        spec, ar = m.get("speculative"), m.get("autoregressive")
+        if not spec or not ar or not ar.get("verify_ms_per_round"):
+            continue
+        be = (spec["draft_ms_per_round"] + spec["verify_ms_per_round"]) / ar["verify_ms_per_round"]
+        tau = ds[name]["acceptance"]["tau"]
+        verdict = "pays off" if tau > be else "does not pay off"
+        lines.append(
+            f"- {name}: a round costs {_f(be)} plain AR steps, so break-even tau = {_f(be)}; "
+            f"this draft's tau {_f(tau)} {verdict} here"
+        )
+    if not lines:
+        return []
+    return [
+        "",
+        "**Where speculation pays off on this device** (from the times above: a round must "
+        "commit more tokens than the AR steps it costs; tau above break-even = faster than "
+        "plain decoding):",
+        "",
+        *lines,
+    ]
+
+
 def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
     c = results["conditions"]
     ds = results["datasets"]
@@ -162,50 +240,7 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
         rows,
     )
 
-    mon = [(name, d["monitoring"]) for name, d in ds.items() if d.get("monitoring")]
-    if mon:
-        out += [
-            "",
-            "## Draft vs verify time per round (monitoring)",
-            "",
-            f"Conditions: {base_cond}; {_where(c)}. Per round of a batch: draft = block pass + "
-            "Markov loop + verify-length policy; verify = target pass + acceptance + draft "
-            "context write + the host copy (AR: one decode step). draft/verify above ~0.3 "
-            "means the draft, not the target, limits the speedup. Verify tokens = tokens the "
-            "policy priced (sum of 1 + L per request); padded = what the padded pass computed.",
-            "",
-        ]
-        rows = []
-        for name, m in mon:
-            for method in ("speculative", "autoregressive"):
-                if method not in m:
-                    continue
-                x = m[method]
-                rows.append(
-                    [
-                        name,
-                        method,
-                        str(x["rounds"]),
-                        _f(x["draft_ms_per_round"], 1),
-                        _f(x["verify_ms_per_round"], 1),
-                        _f(x["draft_over_verify"]),
-                        _f(x["verify_tokens_per_round"], 1),
-                        _f(x["padded_tokens_per_round"], 1),
-                    ]
-                )
-        out += _table(
-            [
-                "dataset",
-                "decoder",
-                "rounds",
-                "draft ms",
-                "verify ms",
-                "draft/verify",
-                "verify tok/round",
-                "padded tok/round",
-            ],
-            rows,
-        )
+    out += _monitoring(ds, base_cond, _where(c))
 
     if c["baselines"]:
         assistant = (
