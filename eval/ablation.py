@@ -31,7 +31,9 @@ def label_of(run: Path) -> str:
         items = [
             x.strip("- \n'\"") for x in over.read_text().splitlines() if x.strip().startswith("-")
         ]
-        return " ".join(i for i in items if not i.startswith("recipe=")) or run.name
+        # what the arm changed: not the recipe, the tracker or Hydra's own keys
+        skip = ("recipe=", "tracking=", "hydra.")
+        return " ".join(i for i in items if not i.startswith(skip)) or run.name
     return run.name
 
 
