@@ -35,6 +35,15 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
+def _refuse_adapter(path: Path) -> None:
+    """A PEFT adapter dir where a full model is expected: name the loader that merges it."""
+    if (path / ADAPTER_CONFIG).exists():
+        raise TargetNotFoundError(
+            f"{path} is a PEFT adapter, not a full model: load it with "
+            "dspark.target.load_target (it merges the adapter into its base)"
+        )
+
+
 def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str:
     """Turn a target spec into something `from_pretrained` loads, or raise with the fix.
 
@@ -44,11 +53,7 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
     if spec in EMBEDDED_ALIASES:
         path = root / "targets" / EMBEDDED_TARGET
         if not (path / "config.json").exists():
-            if (path / ADAPTER_CONFIG).exists():
-                raise TargetNotFoundError(
-                    f"{path} is a PEFT adapter, not a full model: load it with "
-                    "dspark.target.load_target (it merges the adapter into its base)"
-                )
+            _refuse_adapter(path)
             raise TargetNotFoundError(
                 f"The embedded target is not prepared yet (looked in {path}). "
                 f"Run `{PREPARE_HINT}` once (needs `pip install 'dspark[gguf]'`)."
@@ -67,11 +72,7 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            if (path / ADAPTER_CONFIG).exists():
-                raise TargetNotFoundError(
-                    f"{path} is a PEFT adapter, not a full model: load it with "
-                    "dspark.target.load_target (it merges the adapter into its base)"
-                )
+            _refuse_adapter(path)
             raise TargetNotFoundError(
                 f"{path} exists but holds no config.json; point at a directory written by "
                 "`save_pretrained` (or convert the checkpoint first)."
