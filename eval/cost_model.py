@@ -18,7 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from dspark.errors import user_errors  # noqa: E402
-from dspark.eval.cost_model import best_verify_length, measure_costs  # noqa: E402
+from dspark.eval.cost_model import best_verify_length, break_even_tau, measure_costs  # noqa: E402
 from dspark.target import load_target  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def main() -> None:
     g = args.block_size
     c["break_even_tau"] = {}
     for n_layers, t in c["t_draft"].items():
-        be = (t + c["t_verify"][g + 1]) / t_ar
+        be = break_even_tau(t_ar, t, c["t_verify"][g + 1])
         c["break_even_tau"][n_layers] = be
         lines.append(f"| {n_layers} | {t * 1e3:.1f} | {be:.2f} |")
     if args.accept:

@@ -143,6 +143,11 @@ def speedup(tau: float, t_ar: float, t_draft: float, t_verify: float) -> float:
     return tau * t_ar / (t_draft + t_verify)
 
 
+def break_even_tau(t_ar: float, t_draft: float, t_verify: float) -> float:
+    """The tau at which `speedup` is 1: a round's cost in plain AR steps."""
+    return (t_draft + t_verify) / t_ar
+
+
 def best_verify_length(costs: dict, accept: Sequence[float], draft_layers: int) -> dict:
     """The verify length L (1..block size) with the highest predicted speedup for a draft of
     `draft_layers` layers whose conditional acceptance per position is `accept`."""

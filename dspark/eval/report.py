@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dspark.eval.cost_model import break_even_tau
+
 
 def _f(x, digits: int = 2) -> str:
     if x is None:
@@ -95,7 +97,9 @@ def _break_even(ds: dict, mon: list) -> list[str]:
         spec, ar = m.get("speculative"), m.get("autoregressive")
         if not spec or not ar or not ar.get("verify_ms_per_round"):
             continue
-        be = (spec["draft_ms_per_round"] + spec["verify_ms_per_round"]) / ar["verify_ms_per_round"]
+        be = break_even_tau(
+            ar["verify_ms_per_round"], spec["draft_ms_per_round"], spec["verify_ms_per_round"]
+        )
         tau = ds[name]["acceptance"]["tau"]
         verdict = "pays off" if tau > be else "does not pay off"
         lines.append(
