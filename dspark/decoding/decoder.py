@@ -76,7 +76,9 @@ class SpeculativeDecoder:
     `skip_unprofitable_drafts` (scheduler only, needs draft times in the profile): when a
     round's expected tokens/s with the draft fall below a plain AR step's, the next
     `draft_probe_interval` rounds skip the draft and verify nothing (AR steps that still feed
-    the draft's context), then the scheduler drafts again to re-check.
+    the draft's context), then the scheduler drafts again to re-check. Each probe that fails
+    again doubles the skip (up to `max_draft_probe_interval`); a probe that pays resets it, so
+    at a load where drafting never pays the decoder converges to plain AR steps.
     `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
     `draft=None` allows only `generate_autoregressive`.
     `observer`: a `DecodeObserver` told which request each live row serves every round and
@@ -104,6 +106,7 @@ class SpeculativeDecoder:
         time_rounds: bool = True,
         skip_unprofitable_drafts: bool = True,
         draft_probe_interval: int = 4,
+        max_draft_probe_interval: int = 64,
         observer: DecodeObserver | None = None,
         cpu_fast_paths: bool = True,
     ):
@@ -118,6 +121,9 @@ class SpeculativeDecoder:
         self.time_rounds = time_rounds
         self.skip_unprofitable_drafts = skip_unprofitable_drafts
         self.draft_probe_interval = int(draft_probe_interval)
+        self.max_draft_probe_interval = max(
+            int(max_draft_probe_interval), self.draft_probe_interval
+        )
         self._check_policy(draft)
         self.max_length = max_length
         self.kv_bucket = kv_bucket or (128 if compile else 16)
@@ -308,6 +314,7 @@ class SpeculativeDecoder:
         steps = torch.arange(gamma + 1, device=dev)
         slots = torch.arange(cache.max_len, device=dev)
         skip_left = 0  # AR rounds left before the scheduler drafts again
+        skip_next = self.draft_probe_interval  # the skip after the next failed probe (doubles)
         while batch:
             batch.start_round()
             rows, apos_host, cache, ctx = batch.requests, batch.positions, batch.cache, batch.ctx
@@ -362,8 +369,12 @@ class SpeculativeDecoder:
             t_end = time.perf_counter()
             draft_s = t_verify - t_round if prop.tokens.shape[1] else 0.0  # 0: skipped
             out.record_round(draft_s, t_end - t_verify, live, live + sum(vlen_host), n_ver + 1)
-            if conf is not None and not self._draft_pays(conf, vlen_host, live):
-                skip_left = self.draft_probe_interval
+            if conf is not None:
+                if self._draft_pays(conf, vlen_host, live):
+                    skip_next = self.draft_probe_interval
+                else:
+                    skip_left = skip_next
+                    skip_next = min(2 * skip_next, self.max_draft_probe_interval)
             for i, b in enumerate(rows):
                 a, t = host[i][0], host[i][1]
                 out.accept_lengths[b].append(a)
