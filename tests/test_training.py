@@ -60,6 +60,8 @@ def test_debug_run_learns_and_saves_a_loadable_draft(tmp_path, debug_data):
         "trainer.eval_every=0",
         "trainer.save_every=10",
         "data.shuffle=false",
+        "trainer.calibrate_prompts=6",
+        "trainer.calibrate_max_new_tokens=12",
     )
     res = run(cfg)
     got = losses(tmp_path)
@@ -72,6 +74,27 @@ def test_debug_run_learns_and_saves_a_loadable_draft(tmp_path, debug_data):
     assert ckpts == ["step_00000020"]  # keep_last=1 pruned step 10
     for name in ("results.json", "report.md", "metrics.jsonl", "training_curves.png"):
         assert (tmp_path / name).exists(), name
+    # end-of-training STS: fitted on held-out prompts, shipped in the draft's config.json
+    cal = res["calibration"]
+    assert 2 <= cal["conditions"]["requests"] <= 6 and cal["n_test"] > 0, cal
+    assert draft.config.confidence_temperatures == cal["temperatures"]
+    assert len(cal["temperatures"]) == cfg.draft.block_size
+    assert (Path(res["draft"]) / "calibration_reliability.png").exists()
+    assert "ECE" in (tmp_path / "report.md").read_text()
+
+
+def test_held_out_prompts_are_the_tokens_before_the_first_supervised_one():
+    from dspark.training.calibrate import held_out_prompts
+
+    rows = [
+        {"input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 0]},
+        {"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0]},  # nothing supervised: skipped
+        {"input_ids": [4, 3, 2], "loss_mask": [1, 1, 1]},  # no prompt: skipped
+        {"input_ids": [7, 1, 1, 2], "loss_mask": [0, 0, 0, 1]},
+        {"input_ids": [3, 3], "loss_mask": [0, 1]},
+    ]
+    assert held_out_prompts(rows, 2) == [[5, 6], [7, 1, 1]]
+    assert held_out_prompts(rows, 10) == [[5, 6], [7, 1, 1], [3]]
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_losses(tmp_path, debug_data, monkeypatch):

@@ -83,6 +83,24 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+def _calibrate(cfg, accelerator, target, tokenizer, draft, eval_ds) -> dict:
+    """STS on the held-out split, written beside the published draft (main process only)."""
+    from dspark.training.calibrate import calibrate_published, held_out_prompts
+
+    if cfg.target.shard:
+        return {"skipped": "the target is sharded; run eval/calibrate.py on the saved draft"}
+    prompts = held_out_prompts(eval_ds, cfg.trainer.calibrate_prompts)
+    return calibrate_published(
+        target,
+        tokenizer,
+        accelerator.unwrap_model(draft),
+        Path(cfg.trainer.output_dir) / "draft",
+        prompts,
+        max_new_tokens=cfg.trainer.calibrate_max_new_tokens,
+        seed=cfg.trainer.seed,
+    )
+
+
 def run(cfg) -> dict:
     """Train a draft as `cfg` (a validated `DistillConfig`) says; returns the final results."""
     t_cfg = cfg.trainer
@@ -244,6 +262,8 @@ def run(cfg) -> dict:
             "torch_threads": torch.get_num_threads(),
         },
     }
+    if main and t_cfg.calibrate_prompts > 0:
+        results["calibration"] = _calibrate(cfg, accelerator, target, tokenizer, draft, eval_ds)
     if main:
         write_report(out, results, run_config)
     accelerator.end_training()

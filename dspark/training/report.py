@@ -55,6 +55,42 @@ def _curves(out: Path, curve_metrics: list[str]) -> Path | None:
     return png
 
 
+def _calibration_lines(out: Path, cal: dict | None) -> list[str]:
+    """The end-of-training STS fit (trainer.calibrate_prompts): reliability before/after."""
+    if not cal:
+        return []
+    if "skipped" in cal:
+        return ["", f"Confidence calibration (STS) skipped: {cal['skipped']}."]
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    num = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    c = cal["conditions"]
+    png = Path(cal["written_to"]).parent / "calibration_reliability.png"
+    return [
+        "",
+        "## Confidence calibration (STS)",
+        "",
+        f"{c['requests']} held-out prompts decoded by the published draft ({c['max_new_tokens']} "
+        f"new tokens, T=0, full-block verification, {c['device']} {c['dtype']}); fit on "
+        f"{cal['fit_requests']} requests, scored on {cal['test_requests']} "
+        f"(n={cal['n_test']} survival labels). Temperatures written to `{cal['written_to']}`.",
+        "",
+        "| survival view | before | after STS |",
+        "|---|---|---|",
+        f"| ECE | {pct(cal['ece_before'])} | {pct(cal['ece_after'])} |",
+        f"| Brier | {num(cal['brier_before'])} | {num(cal['brier_after'])} |",
+        f"| AUROC | {num(cal['auroc_before'])} | {num(cal['auroc_after'])} |",
+        "",
+        f"![reliability]({_relative(png, out)})",
+    ]
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
 def write_report(out: Path, results: dict, run_config: dict) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
     c = results["conditions"]
@@ -87,6 +123,7 @@ def write_report(out: Path, results: dict, run_config: dict) -> None:
             f"{last.get('tokens_per_s', 0):.0f} tokens/s, peak memory "
             f"{last.get('peak_memory_mb', 0):.0f} MB.",
         ]
+    lines += _calibration_lines(out, results.get("calibration"))
     png = _curves(out, results.get("curve_metrics", []))
     if png:
         lines += ["", f"![training curves]({png.name})"]

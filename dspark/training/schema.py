@@ -136,6 +136,10 @@ class TrainerConfig:
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     attention: str = "auto"  # auto | sdpa | flex (flex needs CUDA)
     threads: int | None = None  # torch CPU threads; None keeps torch's default
+    # > 0: at the end, fit STS confidence temperatures on this many held-out prompts decoded by
+    # the published draft and ship them in its config.json (dspark/training/calibrate.py)
+    calibrate_prompts: int = 0
+    calibrate_max_new_tokens: int = 64
 
 
 @dataclass
