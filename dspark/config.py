@@ -259,6 +259,7 @@ class DSparkConfig(PretrainedConfig):
                     )
         if self.hidden_size % self.num_attention_heads and self.head_dim is None:
             raise ValueError("hidden_size must be divisible by num_attention_heads")
+        assert self.num_key_value_heads is not None  # __post_init__ defaults it to the heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 

@@ -112,7 +112,9 @@ def target_logits(lm_head: torch.nn.Module, final_hidden: torch.Tensor) -> torch
     """fp32 target logits from post-norm hidden states (only the rows you pass); autocast off,
     so a bf16 training step still gets an fp32 target distribution."""
     bias = getattr(lm_head, "bias", None)
+    weight = lm_head.weight
+    assert isinstance(weight, torch.Tensor)  # an nn.Linear-like head's [V, H] parameter
     with torch.autocast(final_hidden.device.type, enabled=False):
         return F.linear(
-            final_hidden.float(), lm_head.weight.float(), None if bias is None else bias.float()
+            final_hidden.float(), weight.float(), None if bias is None else bias.float()
         )
