@@ -182,7 +182,8 @@ def load_target(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(Path(spec).expanduser())).merge_and_unload()
-    model.to(device).eval().requires_grad_(False)
+    # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
+    model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

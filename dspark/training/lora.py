@@ -38,7 +38,11 @@ def apply_lora(draft: nn.Module, r: int, alpha: float, target_modules, dropout: 
     if r < 1:
         raise ValueError(f"draft.lora.r must be >= 1 (got {r})")
     cfg = LoraConfig(
-        r=int(r), lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=mods
+        r=int(r),
+        # peft annotates lora_alpha as int, but it is only a scale (alpha / r): floats work
+        lora_alpha=float(alpha),  # type: ignore[arg-type]
+        lora_dropout=float(dropout),
+        target_modules=mods,
     )
     inject_adapter_in_model(cfg, draft)
     if not has_lora(draft):
