@@ -290,7 +290,8 @@ def load_draft(draft_path: str | None, target, tokenizer, target_spec: str):
         torch.manual_seed(0)
         draft = DSparkDraftModel.from_target(target, cfg)
         kind = "random-init (no trained draft was available; acceptance near zero)"
-    draft.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
+    # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
+    draft.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)  # type: ignore[call-arg]
     return draft, kind
 
 

@@ -118,4 +118,4 @@ def load_draft(
         # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
         model.to(dtype)  # type: ignore[arg-type]
     model.freeze_target_copies()
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # (the same `to`)
