@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 @dataclass
@@ -35,8 +36,12 @@ class FeatureSource(Protocol):
     def __call__(self, batch: Mapping[str, torch.Tensor]) -> TargetFeatures: ...
 
 
-def base_model(target):
-    """The decoder stack of an HF causal LM (`target.model` for Llama/Qwen)."""
+def base_model(target: nn.Module) -> Any:
+    """The decoder stack of an HF causal LM (`target.model` for Llama/Qwen).
+
+    Typed `Any`: its class (and its layers') is each architecture's own; callers use its
+    `layers`, `norm` and its forward.
+    """
     prefix = getattr(target, "base_model_prefix", "model") or "model"
     base = getattr(target, prefix, None)
     if base is None or not hasattr(base, "layers"):
@@ -44,14 +49,14 @@ def base_model(target):
     return base
 
 
-def num_decoder_layers(target) -> int:
+def num_decoder_layers(target: nn.Module) -> int:
     return len(base_model(target).layers)
 
 
 class OnlineTargetCapture:
     """Run the frozen target on the batch and capture tapped layers + post-norm final state."""
 
-    def __init__(self, target, target_layer_ids: Sequence[int]) -> None:
+    def __init__(self, target: nn.Module, target_layer_ids: Sequence[int]) -> None:
         self.target = target
         self.layer_ids = [int(i) for i in target_layer_ids]
         n = num_decoder_layers(target)
