@@ -1,6 +1,6 @@
 # dspark: the two commands of README.md live here.
 #   make quickstart   set up, then prepare SmolLM2 -> regenerate data -> distill -> benchmark
-#   make test         set up, then lint and run the CPU test suite
+#   make test         set up, then lint, type-check (mypy) and run the CPU test suite
 #   make gpu-check    on one CUDA GPU: gpu tests, a short SmolLM2 training, decoder step times
 #                     (DEVICE=cpu make gpu-check: the same at tiny scale on the CPU)
 SHELL := /bin/bash
@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup quickstart smollm2 ablation test lint format clean-venv gpu-check
+.PHONY: setup quickstart smollm2 ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,11 +92,15 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy on dspark/ with the settings of pyproject.toml's [tool.mypy] (lenient: typed seams).
+typecheck: setup
+	$(VENV)/bin/mypy
+
 format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint
+test: lint typecheck
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 DEVICE ?= cuda

@@ -12,9 +12,13 @@ Every DSpark default lives here and nowhere else.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from transformers import PretrainedConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # The Markov head types, the one list: the schema's choices, `check()` and the head registry
 # (dspark/modeling/heads.py, whose classes carry these names) all read it.
@@ -100,7 +104,7 @@ def default_target_layer_ids(num_target_layers: int, n: int = NUM_TARGET_FEATURE
     return sorted(set(ids))
 
 
-def choose_mask_token_id(tokenizer, vocab_size: int | None = None) -> int:
+def choose_mask_token_id(tokenizer: PreTrainedTokenizerBase, vocab_size: int | None = None) -> int:
     """Pick the mask token: an id whose embedding row normal text never uses.
 
     Order: a reserved/mask special the tokenizer defines (`<|reserved_0|>` in tiny targets,
@@ -259,6 +263,7 @@ class DSparkConfig(PretrainedConfig):
                     )
         if self.hidden_size % self.num_attention_heads and self.head_dim is None:
             raise ValueError("hidden_size must be divisible by num_attention_heads")
+        assert self.num_key_value_heads is not None  # __post_init__ defaults it to the heads
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
@@ -276,7 +281,7 @@ class DSparkConfig(PretrainedConfig):
         return out
 
     @classmethod
-    def get_config_dict(cls, *args, **kwargs):
+    def get_config_dict(cls, *args: Any, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         config_dict, kwargs = super().get_config_dict(*args, **kwargs)
         if "block_size" in config_dict and "target_layer_ids" in config_dict:
             legacy = [
@@ -298,7 +303,7 @@ class DSparkConfig(PretrainedConfig):
     @classmethod
     def from_target_config(
         cls,
-        target_config,
+        target_config: PretrainedConfig | Mapping[str, Any],
         *,
         # The defaults are this class's field defaults above (names of the class body),
         # never restated numbers: a field's default changes here and nowhere else.

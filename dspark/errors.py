@@ -45,9 +45,10 @@ def user_errors(
 ) -> Iterator[None]:
     """Entry-script boundary: a `UserError` (or one of `also`, e.g. a library's own config
     error whose message already names the fix) becomes `error: ...` on stderr, exit status 2."""
+    caught: tuple[type[BaseException], ...] = (UserError, *also)
     try:
         yield
-    except (UserError, *also) as e:
+    except caught as e:
         prefix = f"{prog}: " if prog else ""
         print(f"{prefix}error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_USER_ERROR) from None

@@ -44,8 +44,8 @@ class PadCollator:
             masks = [m[: self.max_length] for m in masks]
         width = max(len(s) for s in seqs)
         if self.pad_to_multiple_of:
-            k = self.pad_to_multiple_of
-            width = (width + k - 1) // k * k
+            mult = self.pad_to_multiple_of
+            width = (width + mult - 1) // mult * mult
         packed = [k for k in self.PACKED_KEYS if k in features[0]]
         extra = {k: [self._as_list(f[k])[: len(s)] for f, s in zip(features, seqs)] for k in packed}
         b = len(seqs)

@@ -80,7 +80,7 @@ class DecoderBackend:
     ) -> list[list[int] | GenerationFailed]:
         """Generated ids per prompt (a final stop id included), in the order of `ids`."""
         spare = sampling.max_new_tokens + 2  # the decoder's cache needs 2 spare slots
-        results: list[list[int] | GenerationFailed | None] = [None] * len(ids)
+        results: dict[int, list[int] | GenerationFailed] = {}  # every index gets one below
         ok = []
         for i, p in enumerate(ids):
             if not p:
@@ -113,4 +113,4 @@ class DecoderBackend:
             )
             for i, seq in zip(group, out.sequences):
                 results[i] = seq
-        return results
+        return [results[i] for i in range(len(ids))]

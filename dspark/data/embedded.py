@@ -124,7 +124,7 @@ def _module_source(name: str) -> str | None:
         return None
 
 
-def _signature(src_lines: list[str], node: ast.FunctionDef) -> str:
+def _signature(src_lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """The `def ...:` header as written (may span lines), without decorators."""
     first = node.lineno - 1
     body_start = node.body[0].lineno - 1
@@ -183,7 +183,7 @@ def _candidates(module: str, source: str) -> list[dict]:
 
 @functools.lru_cache(maxsize=2)
 def _pool() -> tuple[tuple[dict, ...], tuple[dict, ...]]:
-    pools = {"train": [], "test": []}
+    pools: dict[str, list[dict]] = {"train": [], "test": []}
     for module in MODULES:
         source = _module_source(module)
         if source is None:

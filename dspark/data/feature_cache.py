@@ -40,6 +40,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,7 +110,7 @@ def target_identity(model) -> dict:
     params = [p for _, p in model.named_parameters()]
     n = len(params)
     pick = sorted({i * (n - 1) // (PROBE_TENSORS - 1) for i in range(PROBE_TENSORS)})
-    probe = []
+    probe: list[float] = []
     for i in pick:
         flat = params[i].detach().reshape(-1)
         m = flat.numel()  # integer spacing: a float linspace misses the last index of big ones
@@ -251,7 +252,7 @@ def write_cache(
         "batch_size": int(batch_size),
         "shard_bytes": int(shard_mb * 2**20),
     }
-    manifest = {"format": FORMAT, "settings": settings, "data": str(data_dir)}
+    manifest: dict[str, Any] = {"format": FORMAT, "settings": settings, "data": str(data_dir)}
     if (out / MANIFEST).exists():
         old = read_manifest(out)
         if old["settings"] != settings:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from dspark.data.regenerate import GenerationFailed, Reply, SamplingConfig
 
@@ -67,7 +68,7 @@ class OpenAIBackend:
 
     def _one(self, conv, seed: int, s: SamplingConfig) -> Reply | GenerationFailed:
         openai = self._openai
-        extra = {}
+        extra: dict[str, Any] = {}
         if s.top_k and s.top_k > 0:
             extra["top_k"] = s.top_k
         if self.kw:

@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -259,7 +260,7 @@ def regenerate(
     done = _repair_and_read(out / OUTPUT)
     rows = prompts.rows
     todo = [r for r in rows if r["index"] not in done]
-    stats = {
+    stats: dict[str, Any] = {  # counters; the timing and output keys join at the end
         "batch_size": batch_size,
         "rows_total": len(rows),
         "rows_skipped": len(rows) - len(todo),

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from dspark.data.masks import (
     LossMaskError,
@@ -61,9 +62,15 @@ def tokenize_rows(
     import datasets
 
     eot = end_of_turn_ids(tokenizer, chat_template_kwargs)
-    out = {"index": [], "input_ids": [], "loss_mask": []}
+    out: dict[str, list] = {"index": [], "input_ids": [], "loss_mask": []}
     kept_msgs = []
-    stats = {"rows_in": 0, "no_assistant": 0, "truncated": 0, "truncated_away": 0, "cut_answers": 0}
+    stats: dict[str, Any] = {
+        "rows_in": 0,
+        "no_assistant": 0,
+        "truncated": 0,
+        "truncated_away": 0,
+        "cut_answers": 0,
+    }
     used = method
     for i, row in enumerate(rows):
         stats["rows_in"] += 1

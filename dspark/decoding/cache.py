@@ -9,6 +9,8 @@ rewritten with committed tokens. "Cropping" is just moving the per-row anchor po
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -145,7 +147,7 @@ class DraftContextCache:
 
     def write(
         self,
-        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
         positions: torch.Tensor,
         start: int | None = None,
     ):

@@ -258,7 +258,8 @@ class SpeculativeDecoder:
             tapped=tapped,
             logits_at=last,
         )
-        if tapped:
+        if tapped:  # generate(), which checked the draft; _caches made its context cache
+            assert self.draft is not None and ctx is not None
             kv = self.draft.context_kv(self.draft.encode_context(taps), pos)
             ctx.write(kv, pos, start=0)
         return self._pick(logits, generator), lens, cache, ctx
@@ -318,6 +319,7 @@ class SpeculativeDecoder:
         while batch:
             batch.start_round()
             rows, apos_host, cache, ctx = batch.requests, batch.positions, batch.cache, batch.ctx
+            assert ctx is not None  # the prefill made it (tapped=True)
             live = len(rows)
             t_round = time.perf_counter()
             apos = torch.tensor(apos_host, device=dev)

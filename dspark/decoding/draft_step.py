@@ -60,7 +60,7 @@ def propose(
     greedy = temperature <= 0
     if head is None:  # pure DFlash: all slots are independent
         q = None if greedy else warp(logits, temperature, top_k, top_p)
-        tokens = logits.argmax(-1) if greedy else sample(q, generator)
+        tokens = logits.argmax(-1) if q is None else sample(q, generator)
         conf = None
         if conf_head is not None:
             conf = conf_head(h.reshape(bsz * gamma, -1), None)
@@ -68,12 +68,14 @@ def propose(
         return DraftProposal(tokens, q, conf)
     state = head.init_state(bsz)
     prev = anchor
-    tokens, qs, feats = [], [], []
+    picked: list[torch.Tensor] = []
+    qs: list[torch.Tensor] = []
+    feats: list[torch.Tensor] = []
     pruner = GreedyPruner.for_round(head, greedy, h.device) if cpu_fast_paths else None
     for k in range(gamma):
         if pruner is not None:
             prev, feat, state = pruner.step(logits[:, k], h[:, k], prev, state)
-            tokens.append(prev)
+            picked.append(prev)
             feats.append(feat)
             continue
         bias, feat, state = head.step(h[:, k], prev, state)
@@ -84,7 +86,7 @@ def propose(
             q_k = warp(logit_k, temperature, top_k, top_p)
             prev = sample(q_k, generator)
             qs.append(q_k)
-        tokens.append(prev)
+        picked.append(prev)
         feats.append(feat)
     conf = None
     if conf_head is not None:  # one call for all slots, after the serial loop
@@ -92,7 +94,7 @@ def propose(
         conf = conf_head(h.reshape(bsz * gamma, -1), flat_feat)
         conf = _calibrated(conf.float().reshape(bsz, gamma), confidence_temperatures)
     return DraftProposal(
-        torch.stack(tokens, 1),
+        torch.stack(picked, 1),
         None if greedy else torch.stack(qs, 1),
         conf,
     )

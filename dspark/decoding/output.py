@@ -62,7 +62,12 @@ class GenerationOutput:
     @classmethod
     def empty(cls, batch: int) -> GenerationOutput:
         """An output with one empty record per request, filled round by round."""
-        out = cls(*([[] for _ in range(batch)] for _ in range(4)))
+        out = cls(
+            sequences=[[] for _ in range(batch)],
+            accept_lengths=[[] for _ in range(batch)],
+            verify_lengths=[[] for _ in range(batch)],
+            confidences=[[] for _ in range(batch)],
+        )
         out.finish_s = [0.0] * batch
         return out
 

@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import torch
 PROFILE_VERSION = 1
 
 
-def _interp(xs: list[float], ys: list[float], x: float) -> float:
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     """Piecewise-linear through (xs, ys), extended linearly past both ends (floored at 0)."""
     if len(xs) == 1:
         return ys[0]
@@ -54,7 +55,7 @@ class SPSProfile:
     draft_times: list[float] | None = None
     meta: dict = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if sorted(self.rows) != list(self.rows) or sorted(self.widths) != list(self.widths):
             raise ValueError("profile rows and widths must be increasing")
         if len(self.times) != len(self.rows) or any(len(t) != len(self.widths) for t in self.times):
@@ -229,6 +230,7 @@ def measure(
                 progress(f"verify [{r} x {w}]: {1e3 * row_times[-1]:.1f} ms")
         times.append(row_times)
         if draft is not None:
+            assert ctx_cache is not None  # made above whenever there is a draft
             anchor = torch.randint(0, target.config.vocab_size - 1, (r,), device=device)
             apos = torch.full((r,), context_len, device=device)
             ctx_len = bucket(context_len, 16, cache.max_len)

@@ -179,7 +179,9 @@ def sequential_temperature_scaling(
             labels = acc[sel, k]
             for t in grid:
                 probs = prefix[sel] / (1.0 + np.exp(-zk[sel] / t))
-                key = (round(ece(probs, labels, n_bins), 12), abs(np.log(t)))  # ties: nearest 1
+                err = ece(probs, labels, n_bins)
+                assert err is not None  # sel.any(): at least one labelled row
+                key = (round(err, 12), abs(np.log(t)))  # ties: nearest 1
                 if best_key is None or key < best_key:
                     best_t, best_key = float(t), key
         temps.append(best_t)

@@ -82,7 +82,7 @@ def register() -> None:
 
 
 def _keys(cls, prefix: str = "") -> dict[str, object]:
-    out = {}
+    out: dict[str, object] = {}
     for f in fields(cls):
         out[prefix + f.name] = f
         default = f.default_factory() if callable(f.default_factory) else f.default

@@ -23,6 +23,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -121,7 +122,7 @@ def run_sweep(
     """Decode every load with every policy; results.json / traces.jsonl kept current."""
     out_dir.mkdir(parents=True, exist_ok=True)
     res_path, trace_path = out_dir / "results.json", out_dir / "traces.jsonl"
-    results = {"version": SWEEP_VERSION, "conditions": conditions, "cells": {}}
+    results: dict[str, Any] = {"version": SWEEP_VERSION, "conditions": conditions, "cells": {}}
     if res_path.exists():
         old = json.loads(res_path.read_text())
         if old.get("conditions") == conditions:  # resume: same conditions, keep finished cells
@@ -167,10 +168,10 @@ def run_sweep(
 
 def table(results: dict) -> dict:
     """`{policy: {load: cell}}` plus the scheduler's gain over the best fixed policy."""
-    by = {}
+    by: dict[str, dict[int, dict]] = {}  # policy -> load -> cell
     for cell in results["cells"].values():
         by.setdefault(cell["policy"], {})[cell["load"]] = cell
-    gains = {}
+    gains: dict[str, dict[int, dict]] = {}
     fixed = [p for p in ("ar", "full", "threshold") if p in by]
     for sched in ("scheduler", "scheduler_ragged"):
         if sched not in by or not fixed:
@@ -246,7 +247,7 @@ def plot(results: dict, out_dir: Path) -> dict[str, str]:
         f"{c.get('block_size')}, T={c.get('temperature')}, {c.get('max_new_tokens')} new tok, "
         f"{c.get('device')} {c.get('dtype')} {c.get('threads')} thr"
     )
-    by = {}
+    by: dict[str, list[dict]] = {}  # policy -> its cells
     for cell in results["cells"].values():
         by.setdefault(cell["policy"], []).append(cell)
     made = {}
@@ -289,7 +290,8 @@ def load_draft(draft_path: str | None, target, tokenizer, target_spec: str):
         torch.manual_seed(0)
         draft = DSparkDraftModel.from_target(target, cfg)
         kind = "random-init (no trained draft was available; acceptance near zero)"
-    draft.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)
+    # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
+    draft.to(device=param.device, dtype=param.dtype).eval().requires_grad_(False)  # type: ignore[call-arg]
     return draft, kind
 
 

@@ -34,7 +34,7 @@ def acceptance_stats(accept_lengths, verify_lengths, block_size: int) -> dict:
         )
     rounds = len(acc)
     conditional, survival, realised, trials = [], [], [], []
-    running = 1.0
+    running: float | None = 1.0
     for k in range(1, block_size + 1):
         n = sum(1 for a, v in zip(acc, ver) if v >= k and a >= k - 1)
         hits = sum(1 for a in acc if a >= k)

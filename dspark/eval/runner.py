@@ -14,6 +14,7 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -365,7 +366,7 @@ def summarize(
     for r in records:
         for m in pooled:
             pooled[m].add(r.timer(m).tokens, r.timer(m).seconds)
-    overall = {
+    overall: dict[str, Any] = {
         "tau_macro": float(np.mean(taus)) if taus else None,
         "autoregressive": pooled["autoregressive"].report(),
         "speculative": pooled["speculative"].report(),

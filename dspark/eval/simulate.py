@@ -122,7 +122,7 @@ def simulate(
         tokens.append(r + sum(lens))
         rounds += 1
         for k, i in enumerate(live):
-            acc = min(trace[k].accepted, lens[k]) if drafted else 0
+            acc = min(trace[k].accepted, lens[k]) if trace is not None else 0  # None: AR step
             made[i] = min(max_new_tokens, made[i] + acc + 1)
             if drafted:
                 pos[i] += 1
@@ -171,7 +171,8 @@ def predict(
 
 def compare(predicted: list[dict], measured: dict) -> dict:
     """Prediction error against a load sweep's results.json (same traces, same device)."""
-    rows, errs = [], {"total": [], "per_user": []}
+    rows: list[dict] = []
+    errs: dict[str, list[float]] = {"total": [], "per_user": []}
     for p in predicted:
         m = measured["cells"].get(f"{p['load']}/{p['policy']}")
         if m is None:

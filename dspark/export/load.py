@@ -115,6 +115,7 @@ def load_draft(
                 f"{path}/model.safetensors does not match the draft its config describes: "
                 f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
             )
-        model.to(dtype)
+        # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
+        model.to(dtype)  # type: ignore[arg-type]
     model.freeze_target_copies()
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # (the same `to`)

@@ -11,6 +11,7 @@ acceptance silently, so every mapping is checked here before it is written.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -59,7 +60,7 @@ def ids_from_d2t(d2t: torch.Tensor, vocab_size: int, *, source: str = "d2t") -> 
     return ids
 
 
-def read_vocab_file(path: str | Path, vocab_size: int) -> torch.Tensor:
+def read_vocab_file(path: str | os.PathLike, vocab_size: int) -> torch.Tensor:
     """Kept target ids from a file: `.json` (a list of ids, or {"d2t": [...]}), `.safetensors`
     or `.pt` holding `d2t` (offsets) or `ids` (target ids)."""
     p = Path(path)

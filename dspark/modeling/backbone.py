@@ -13,10 +13,22 @@ anchor blocks of a batch in one pass with an explicit mask: training's).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, cast
+
 import torch
 from torch import nn
 
+# Imported at run time, not only for the checker: PreTrainedModel.__init_subclass__ resolves the
+# `config` annotations of the draft's bases (typing.get_type_hints) when the class is created.
+from dspark.config import DSparkConfig
 from dspark.modeling.layers import DSparkDecoderLayer, DSparkRMSNorm, DSparkRope
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+
+# flex attention's mask_mod(b, h, q_idx, kv_idx) -> bool tensor
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def block_input_ids(
@@ -73,7 +85,7 @@ def training_mask_mod(
     seq_len: int,
     block_size: int,
     document_ids: torch.Tensor | None = None,
-):
+) -> MaskMod:
     """The flex-attention `mask_mod(b, h, q_idx, kv_idx)` of `training_block_mask` (same rule,
     element-wise), over `S + N*gamma` keys: context first, then the blocks."""
     g, S = block_size, seq_len
@@ -83,7 +95,9 @@ def training_mask_mod(
         else torch.ones_like(anchor_positions, dtype=torch.bool)
     )
 
-    def mask_mod(b, h, q_idx, kv_idx):
+    def mask_mod(
+        b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
         qb = q_idx // g
         p = anchor_positions[b, qb]
         in_ctx = (kv_idx < S) & (kv_idx < p) & valid[b, qb]
@@ -102,7 +116,7 @@ def training_flex_block_mask(
     seq_len: int,
     block_size: int,
     document_ids: torch.Tensor | None = None,
-):
+) -> BlockMask:
     """The same mask as `training_block_mask`, as a flex-attention `BlockMask` (CUDA path)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -132,7 +146,9 @@ class BlockParallelBackbone:
     layout's unprefixed names.
     """
 
-    def _build_backbone(self, config) -> None:
+    config: DSparkConfig  # set by the PreTrainedModel it is mixed into
+
+    def _build_backbone(self, config: DSparkConfig) -> None:
         H, V = config.hidden_size, config.vocab_size
         self.embed_tokens = nn.Embedding(V, H)
         self.fc = nn.Linear(config.num_target_features * H, H, bias=False)
@@ -151,16 +167,20 @@ class BlockParallelBackbone:
         """`tapped [B, S, L*H]` -> `ctx [B, S, H]` = `hidden_norm(fc(tapped))`."""
         return self.hidden_norm(self.fc(tapped.to(self.fc.weight.dtype)))
 
-    def context_kv(self, ctx: torch.Tensor, position_ids: torch.Tensor):
+    def context_kv(
+        self, ctx: torch.Tensor, position_ids: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per draft layer `(k, v)`, each `[B, n_kv, S, d]`, k normed and rotated."""
         cos, sin = self.rope(position_ids, ctx.dtype)
-        return [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+        # nn.ModuleList is not generic (it yields nn.Module); these are the layers built above
+        layers = cast(Iterable[DSparkDecoderLayer], self.layers)
+        return [layer.self_attn.project_kv(ctx, cos, sin) for layer in layers]
 
     def block_hidden(
         self,
         block_ids: torch.Tensor,
         block_position_ids: torch.Tensor,
-        ctx_kv,
+        ctx_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
         ctx_valid: torch.Tensor,
     ) -> torch.Tensor:
         """One block per row over cached context keys/values -> `h [B, gamma, H]` (final norm).
@@ -202,6 +222,7 @@ class BlockParallelBackbone:
         `position_ids [B, S]` (RoPE: context at its own position, block at pos(p)..pos(p)+gamma-1).
         """
         cfg = self.config
+        assert cfg.mask_token_id is not None  # DSparkDraftModel refuses a config without one
         g = int(cfg.block_size)
         B, S = input_ids.shape
         N = anchor_positions.shape[1]
@@ -217,6 +238,7 @@ class BlockParallelBackbone:
         pos = block_position_ids(block_start, g).view(B, N * g)
         x = self.embed_tokens(ids)
         cos, sin = self.rope(pos, x.dtype)
+        mask: torch.Tensor | BlockMask
         if self._use_flex(x.device):
             mask = training_flex_block_mask(anchor_positions, anchor_valid, S, g, document_ids)
         else:

@@ -8,15 +8,21 @@ layout and `DSparkDraftModel.from_pretrained(dir)` loads it back without the tra
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from dspark.config import DSparkConfig
 from dspark.modeling.backbone import BlockParallelBackbone
 from dspark.modeling.heads import build_confidence_head, build_markov_head
+
+if TYPE_CHECKING:
+    from dspark.modeling.protocols import DraftInference
 
 
 @dataclass
@@ -49,6 +55,7 @@ def teacher_forced_prev_tokens(
 
 
 class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
+    config: DSparkConfig
     config_class = DSparkConfig
     base_model_prefix = ""
     main_input_name = "input_ids"
@@ -70,7 +77,13 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_target(cls, target_model, config: DSparkConfig, *, dtype: torch.dtype | None = None):
+    def from_target(
+        cls,
+        target_model: PreTrainedModel,
+        config: DSparkConfig,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> DSparkDraftModel:
         """A fresh draft for `target_model`: `embed_tokens` and `lm_head` are copies (never ties,
         also for tied-embedding targets such as SmolLM2) of the target's, frozen.
 
@@ -78,6 +91,7 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         """
         emb = target_model.get_input_embeddings().weight
         head = target_model.get_output_embeddings().weight
+        assert isinstance(emb, torch.Tensor) and isinstance(head, torch.Tensor)  # module weights
         V, H = config.vocab_size, config.hidden_size
         if tuple(emb.shape) != (V, H) or tuple(head.shape) != (V, H):
             raise ValueError(
@@ -88,7 +102,8 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         with torch.no_grad():
             model.embed_tokens.weight.copy_(emb.detach().float())
             model.lm_head.weight.copy_(head.detach().float())
-        model.to(device=emb.device, dtype=dtype or torch.float32)
+        # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
+        model.to(device=emb.device, dtype=dtype or torch.float32)  # type: ignore[call-arg]
         model.freeze_target_copies()
         return model
 
@@ -98,12 +113,12 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         self.lm_head.weight.requires_grad_(False)
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
+    def from_pretrained(cls, *args: Any, **kwargs: Any) -> DSparkDraftModel:
         model = super().from_pretrained(*args, **kwargs)
         model.freeze_target_copies()
         return model
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
         from dspark.training.lora import has_lora, merged_copy
 
         if has_lora(self):  # LoRA fine-tuning: a saved draft is always the merged serving layout
@@ -114,10 +129,10 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         self.config.architectures = [self.config.serving_architecture()]
         return out
 
-    def get_input_embeddings(self):
+    def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
 
-    def get_output_embeddings(self):
+    def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
     # ---------------------------------------------------------------- heads, teacher-forced
@@ -126,24 +141,23 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         hidden: torch.Tensor,
         prev_tokens: torch.Tensor,
         slot_mask: torch.Tensor | None = None,
-    ):
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Markov-corrected logits and confidence logits with given previous tokens.
 
         `hidden [..., gamma, H]`, `prev_tokens [..., gamma]`; with `slot_mask [..., gamma]` the
         outputs are `[M, V]` / `[M]` over the selected slots, else `[..., gamma, V]` / `[..., gamma]`.
         The rnn head runs over every slot (its state needs the prefix) before the selection.
         """
-        mixed = feat = None
-        if self.markov_head is not None:
-            mixed, feat = self.markov_head.teacher_forced(hidden, prev_tokens)
-        h = hidden
-        if slot_mask is not None:
-            h = hidden[slot_mask]
-            if mixed is not None:
+        head = self.markov_head
+        h = hidden if slot_mask is None else hidden[slot_mask]
+        feat = None
+        if head is None:
+            logits = self.lm_head(h)
+        else:
+            mixed, feat = head.teacher_forced(hidden, prev_tokens)
+            if slot_mask is not None:
                 mixed, feat = mixed[slot_mask], feat[slot_mask]
-        logits = self.lm_head(h)
-        if mixed is not None:
-            logits = logits + self.markov_head.bias(mixed)
+            logits = self.lm_head(h) + head.bias(mixed)
         conf = None
         if self.confidence_head is not None:
             conf = self.confidence_head(h, feat if self.confidence_head.with_markov else None)
@@ -174,3 +188,9 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         prev = teacher_forced_prev_tokens(input_ids, anchor_positions, int(self.config.block_size))
         logits, conf = self.head_outputs(hidden, prev, slot_mask)
         return DSparkDraftOutput(hidden=hidden, logits=logits, confidence_logits=conf)
+
+
+if TYPE_CHECKING:  # mypy (make test) checks that the draft is what the decoder takes
+
+    def _is_draft_inference(draft: DSparkDraftModel) -> DraftInference:
+        return draft

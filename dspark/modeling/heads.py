@@ -20,8 +20,13 @@ sigmoid(logit) = P(draft k accepted | drafts before it accepted).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from dspark.config import DSparkConfig
 
 
 class MarkovHead(nn.Module):
@@ -29,22 +34,26 @@ class MarkovHead(nn.Module):
 
     head_type = "vanilla"
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: DSparkConfig) -> None:
         super().__init__()
         V, r = config.vocab_size, int(config.markov_rank)
         self.rank = r
         self.markov_w1 = nn.Embedding(V, r)
         self.markov_w2 = nn.Linear(r, V, bias=False)
 
-    def init_state(self, batch: int):
+    def init_state(self, batch: int) -> torch.Tensor | None:
         """State before slot 0 (None for stateless heads)."""
         return None
 
-    def mix(self, h: torch.Tensor, emb: torch.Tensor, state):
+    def mix(
+        self, h: torch.Tensor, emb: torch.Tensor, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`(h_k [.., H], W1[x_{k-1}] [.., r], state)` -> `(mixed [.., r], new_state)`."""
         return emb, state
 
-    def step(self, h_k: torch.Tensor, prev_token: torch.Tensor, state):
+    def step(
+        self, h_k: torch.Tensor, prev_token: torch.Tensor, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One serial slot: `(h_k [B,H], prev_token [B], state) -> (bias [B,V], feat [B,r], state)`.
 
         Draft logits of the slot = `U_k + bias`; `feat` feeds the confidence head.
@@ -53,7 +62,9 @@ class MarkovHead(nn.Module):
         mixed, state = self.mix(h_k, emb.to(h_k.dtype), state)
         return self.markov_w2(mixed), emb, state
 
-    def teacher_forced(self, h: torch.Tensor, prev_tokens: torch.Tensor):
+    def teacher_forced(
+        self, h: torch.Tensor, prev_tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """All slots at once with given previous tokens.
 
         `h [..., gamma, H]`, `prev_tokens [..., gamma]` -> `(mixed [..., gamma, r], feat [..., gamma, r])`;
@@ -70,11 +81,13 @@ class MarkovHead(nn.Module):
 class GatedMarkovHead(MarkovHead):
     head_type = "gated"
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: DSparkConfig) -> None:
         super().__init__(config)
         self.gate_proj = nn.Linear(config.hidden_size + self.rank, self.rank)
 
-    def mix(self, h, emb, state):
+    def mix(
+        self, h: torch.Tensor, emb: torch.Tensor, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         gate = torch.sigmoid(self.gate_proj(torch.cat([h, emb], dim=-1)))
         return gate * emb, state
 
@@ -82,15 +95,17 @@ class GatedMarkovHead(MarkovHead):
 class RNNMarkovHead(MarkovHead):
     head_type = "rnn"
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: DSparkConfig) -> None:
         super().__init__(config)
         self.joint_proj = nn.Linear(2 * self.rank + config.hidden_size, 3 * self.rank)
 
-    def init_state(self, batch: int):
+    def init_state(self, batch: int) -> torch.Tensor:
         w = self.markov_w2.weight
         return torch.zeros(batch, self.rank, device=w.device, dtype=w.dtype)
 
-    def mix(self, h, emb, state):
+    def mix(
+        self, h: torch.Tensor, emb: torch.Tensor, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if state is None:
             state = torch.zeros(*h.shape[:-1], self.rank, device=h.device, dtype=h.dtype)
         state = state.to(h.dtype)
@@ -99,7 +114,9 @@ class RNNMarkovHead(MarkovHead):
         new_state = z * state + (1 - z) * torch.tanh(c)
         return torch.tanh(o), new_state
 
-    def teacher_forced(self, h, prev_tokens):
+    def teacher_forced(
+        self, h: torch.Tensor, prev_tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         emb = self.markov_w1(prev_tokens)
         e = emb.to(h.dtype)
         state = None
@@ -115,7 +132,7 @@ class RNNMarkovHead(MarkovHead):
 MARKOV_HEADS = {cls.head_type: cls for cls in (MarkovHead, GatedMarkovHead, RNNMarkovHead)}
 
 
-def build_markov_head(config) -> MarkovHead | None:
+def build_markov_head(config: DSparkConfig) -> MarkovHead | None:
     if int(config.markov_rank) == 0:
         return None
     return MARKOV_HEADS[config.markov_head_type](config)
@@ -136,7 +153,7 @@ class ConfidenceHead(nn.Module):
         return self.proj(h_k).squeeze(-1)
 
 
-def build_confidence_head(config) -> ConfidenceHead | None:
+def build_confidence_head(config: DSparkConfig) -> ConfidenceHead | None:
     if not config.enable_confidence_head:
         return None
     rank = int(config.markov_rank) if config.confidence_head_with_markov else 0

@@ -8,9 +8,17 @@ k/v projections) and the block's own keys/values. The mask is explicit: a boolea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
+    from typing_extensions import TypeIs
+
+    from dspark.config import DSparkConfig
 
 
 class DSparkRMSNorm(nn.Module):
@@ -35,7 +43,7 @@ class DSparkRope:
     load to leave uninitialised. The inverse frequencies are computed once per device.
     """
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: DSparkConfig) -> None:
         self.config = config
         self._cache: dict[torch.device, tuple[torch.Tensor, float]] = {}
 
@@ -57,7 +65,9 @@ class DSparkRope:
             self._cache[device] = (inv.float().to(device), float(scale))
         return self._cache[device]
 
-    def __call__(self, position_ids: torch.Tensor, dtype: torch.dtype):
+    def __call__(
+        self, position_ids: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`position_ids [B, T]` -> `(cos, sin)` each `[B, T, head_dim]` in `dtype`."""
         inv, scale = self._inv_freq(position_ids.device)
         freqs = position_ids[..., None].float() * inv
@@ -87,7 +97,7 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
 
 
-def _is_block_mask(mask) -> bool:
+def _is_block_mask(mask: object) -> TypeIs[BlockMask]:
     return type(mask).__name__ == "BlockMask"
 
 
@@ -110,8 +120,10 @@ class DSparkAttention(nn.Module):
     """Block queries over [context ; block] keys/values; Qwen3-style (per-head q/k RMSNorm)
     for every target family, so the one engine class `Qwen3DSparkModel` serves every draft."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: DSparkConfig) -> None:
         super().__init__()
+        # DSparkConfig.__post_init__ fills both from the attention heads / hidden size
+        assert config.head_dim is not None and config.num_key_value_heads is not None
         H, d = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -125,7 +137,9 @@ class DSparkAttention(nn.Module):
         self.q_norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
         self.k_norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
 
-    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def project_kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`x [B, T, H]` -> `(k, v)` each `[B, n_kv, T, d]`, k normed and rotated."""
         B, T, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
@@ -140,7 +154,7 @@ class DSparkAttention(nn.Module):
         sin: torch.Tensor,
         ctx_k: torch.Tensor,
         ctx_v: torch.Tensor,
-        mask,
+        mask: torch.Tensor | BlockMask,
     ) -> torch.Tensor:
         """`x [B, Q, H]` block states; `ctx_k/ctx_v [B, n_kv, C, d]`; `mask` over `C + Q` keys."""
         B, Q, _ = x.shape
@@ -160,7 +174,7 @@ class DSparkAttention(nn.Module):
 
 
 class DSparkMLP(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config: DSparkConfig) -> None:
         super().__init__()
         from transformers.activations import ACT2FN
 
@@ -178,13 +192,21 @@ class DSparkMLP(nn.Module):
 class DSparkDecoderLayer(nn.Module):
     """Pre-norm decoder layer; the context enters as precomputed keys/values only."""
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: DSparkConfig) -> None:
         super().__init__()
         self.self_attn = DSparkAttention(config)
         self.mlp = DSparkMLP(config)
         self.input_layernorm = DSparkRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = DSparkRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor,
+        ctx_v: torch.Tensor,
+        mask: torch.Tensor | BlockMask,
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))

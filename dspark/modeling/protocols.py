@@ -36,12 +36,29 @@ class ConfidenceHeadInference(Protocol):
 
 @runtime_checkable
 class DraftInference(Protocol):
-    # block_size, mask_token_id, target_layer_ids (and optional confidence_temperatures)
-    config: Any
-    # U [.., V] = lm_head(h [.., H]): the frozen copy of the target's head
-    lm_head: Callable[[torch.Tensor], torch.Tensor]
-    markov_head: MarkovHeadInference | None  # None when markov_rank == 0
-    confidence_head: ConfidenceHeadInference | None  # None when disabled
+    # The data members are read-only properties: the decoder only reads them, and a plain
+    # attribute of a narrower type (DSparkDraftModel's `lm_head: nn.Linear`, `markov_head:
+    # MarkovHead | None`) then satisfies them; mutable protocol attributes would have to
+    # match exactly. (The runtime check sees them as members all the same.)
+    @property
+    def config(self) -> Any:
+        """block_size, mask_token_id, target_layer_ids (and optional confidence_temperatures)."""
+        ...
+
+    @property
+    def lm_head(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """U [.., V] = lm_head(h [.., H]): the frozen copy of the target's head."""
+        ...
+
+    @property
+    def markov_head(self) -> MarkovHeadInference | None:
+        """None when markov_rank == 0."""
+        ...
+
+    @property
+    def confidence_head(self) -> ConfidenceHeadInference | None:
+        """None when disabled."""
+        ...
 
     def encode_context(self, tapped: torch.Tensor) -> torch.Tensor:
         """`tapped [B, S, L*H] -> ctx [B, S, H]`."""

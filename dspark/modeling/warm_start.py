@@ -22,9 +22,16 @@ from pretrained weights, not from scratch). What is copied, and why:
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+import torch
+from torch import nn
+
+from dspark.modeling.layers import DSparkDecoderLayer
 from dspark.target.capture import base_model
+
+if TYPE_CHECKING:
+    from dspark.modeling.draft import DSparkDraftModel
 
 
 def default_init_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -70,7 +77,10 @@ def _qk_rms(
 
 @torch.no_grad()
 def warm_start_from_target(
-    draft, target, layer_ids: list[int] | None = None, calib_ids: torch.Tensor | None = None
+    draft: DSparkDraftModel,
+    target: nn.Module,
+    layer_ids: list[int] | None = None,
+    calib_ids: torch.Tensor | None = None,
 ) -> list[int]:
     """Initialise `draft` in place from `target` (see the module docstring); return the ids of
     the copied target layers. `calib_ids [1, S]` feeds the q/k-norm calibration of targets
@@ -99,6 +109,7 @@ def warm_start_from_target(
         rms = _qk_rms(target, ids, calib_ids.to(next(target.parameters()).device))
     for i, src_id in enumerate(ids):
         src, dst = base.layers[src_id], draft.layers[i]
+        assert isinstance(dst, DSparkDecoderLayer)  # what _build_backbone puts in draft.layers
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             getattr(dst.self_attn, name).weight.copy_(getattr(src.self_attn, name).weight)
         for name in ("gate_proj", "up_proj", "down_proj"):

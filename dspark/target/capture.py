@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 @dataclass
@@ -35,8 +36,12 @@ class FeatureSource(Protocol):
     def __call__(self, batch: Mapping[str, torch.Tensor]) -> TargetFeatures: ...
 
 
-def base_model(target):
-    """The decoder stack of an HF causal LM (`target.model` for Llama/Qwen)."""
+def base_model(target: nn.Module) -> Any:
+    """The decoder stack of an HF causal LM (`target.model` for Llama/Qwen).
+
+    Typed `Any`: its class (and its layers') is each architecture's own; callers use its
+    `layers`, `norm` and its forward.
+    """
     prefix = getattr(target, "base_model_prefix", "model") or "model"
     base = getattr(target, prefix, None)
     if base is None or not hasattr(base, "layers"):
@@ -44,14 +49,14 @@ def base_model(target):
     return base
 
 
-def num_decoder_layers(target) -> int:
+def num_decoder_layers(target: nn.Module) -> int:
     return len(base_model(target).layers)
 
 
 class OnlineTargetCapture:
     """Run the frozen target on the batch and capture tapped layers + post-norm final state."""
 
-    def __init__(self, target, target_layer_ids: Sequence[int]) -> None:
+    def __init__(self, target: nn.Module, target_layer_ids: Sequence[int]) -> None:
         self.target = target
         self.layer_ids = [int(i) for i in target_layer_ids]
         n = num_decoder_layers(target)
@@ -112,7 +117,9 @@ def target_logits(lm_head: torch.nn.Module, final_hidden: torch.Tensor) -> torch
     """fp32 target logits from post-norm hidden states (only the rows you pass); autocast off,
     so a bf16 training step still gets an fp32 target distribution."""
     bias = getattr(lm_head, "bias", None)
+    weight = lm_head.weight
+    assert isinstance(weight, torch.Tensor)  # an nn.Linear-like head's [V, H] parameter
     with torch.autocast(final_hidden.device.type, enabled=False):
         return F.linear(
-            final_hidden.float(), lm_head.weight.float(), None if bias is None else bias.float()
+            final_hidden.float(), weight.float(), None if bias is None else bias.float()
         )

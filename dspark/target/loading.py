@@ -9,10 +9,15 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from dspark.errors import MissingPathError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_ALIASES = ("embedded", EMBEDDED_TARGET)
@@ -145,7 +150,9 @@ def adapter_base(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
         ) from None
 
 
-def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None):
+def load_tokenizer(
+    spec: str, cache_dir: str | os.PathLike | None = None
+) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     base = adapter_base(spec, cache_dir)
@@ -161,7 +168,7 @@ def load_target(
     device: str | torch.device = "cpu",
     cache_dir: str | os.PathLike | None = None,
     attn_implementation: str | None = "sdpa",
-):
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Return `(model, tokenizer)`: the target frozen (eval, no grads) on `device` in `dtype`.
 
     A PEFT adapter directory (adapter_config.json + LoRA weights) loads its base and merges the
@@ -182,7 +189,8 @@ def load_target(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(Path(spec).expanduser())).merge_and_unload()
-    model.to(device).eval().requires_grad_(False)
+    # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
+    model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

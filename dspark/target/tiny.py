@@ -10,8 +10,13 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
+
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -79,7 +84,7 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tiny_tokenizer(arch: str, vocab_size: int = 384):
+def build_tiny_tokenizer(arch: str, vocab_size: int = 384) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -104,7 +109,9 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384):
     return PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
 
 
-def tiny_config(arch: str, vocab_size: int, num_layers: int = 4, **overrides):
+def tiny_config(
+    arch: str, vocab_size: int, num_layers: int = 4, **overrides: Any
+) -> PretrainedConfig:
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]

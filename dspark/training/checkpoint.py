@@ -41,8 +41,12 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     root = checkpoints_dir(output_dir)
     if not root.is_dir():
         return None
-    done = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and (p / "DONE").exists()]
-    return max(done, key=lambda p: int(_STEP_DIR.match(p.name)[1]), default=None)
+    done: dict[Path, int] = {}  # finished checkpoint dir -> its step
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and (p / "DONE").exists():
+            done[p] = int(m[1])
+    return max(done, key=done.__getitem__, default=None)
 
 
 def save_checkpoint(accelerator, draft, progress: Progress, output_dir, keep_last: int) -> Path:

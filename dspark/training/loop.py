@@ -147,6 +147,7 @@ def run(cfg) -> dict:
         accelerator.load_state(str(resumed_from))
         accelerator.print(f"resumed from {resumed_from} at step {progress.step}")
     run_config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(run_config, dict)  # cfg is a DictConfig
     if main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "run_config.json").write_text(json.dumps(run_config, indent=2))
@@ -160,7 +161,9 @@ def run(cfg) -> dict:
     def evaluate() -> dict:
         """Held-out metrics, each batch weighted by the objective's first count; counts summed."""
         draft.eval()
-        sums, counts, weight = {}, {}, 0.0
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        weight = 0.0
         with torch.no_grad():
             for batch in eval_dl:
                 m = {k: float(v) for k, v in objective.evaluate(draft, batch, reducer).items()}

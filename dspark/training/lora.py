@@ -11,11 +11,14 @@ resumed run continues exactly.
 from __future__ import annotations
 
 import copy
+from typing import TypeVar
 
 from torch import nn
 
 # The frozen copies of the target's embeddings / lm_head are never adapted.
 FROZEN = ("embed_tokens", "lm_head")
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def has_lora(model: nn.Module) -> bool:
@@ -38,7 +41,11 @@ def apply_lora(draft: nn.Module, r: int, alpha: float, target_modules, dropout: 
     if r < 1:
         raise ValueError(f"draft.lora.r must be >= 1 (got {r})")
     cfg = LoraConfig(
-        r=int(r), lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=mods
+        r=int(r),
+        # peft annotates lora_alpha as int, but it is only a scale (alpha / r): floats work
+        lora_alpha=float(alpha),  # type: ignore[arg-type]
+        lora_dropout=float(dropout),
+        target_modules=mods,
     )
     inject_adapter_in_model(cfg, draft)
     if not has_lora(draft):
@@ -50,7 +57,7 @@ def apply_lora(draft: nn.Module, r: int, alpha: float, target_modules, dropout: 
     return n
 
 
-def merged_copy(model: nn.Module) -> nn.Module:
+def merged_copy(model: M) -> M:
     """A copy of `model` with every LoRA adapter merged into its base layer and removed."""
     from peft.tuners.lora import LoraLayer
 

@@ -27,6 +27,7 @@ the framework's own host memory (~0.5 GB of Python + torch, measured separately)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -37,7 +38,7 @@ LOGIT_COPIES = 6  # fp32 [M, V] tensors alive at the loss's peak (see the module
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # Published architecture shapes (config.json of the hub repos), so the estimate needs no hub.
-KNOWN_TARGETS = {
+KNOWN_TARGETS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen3-8B": dict(
         model_type="qwen3",
         hidden_size=4096,
