@@ -19,7 +19,7 @@ import torch
 def held_out_prompts(rows, limit: int) -> list[list[int]]:
     """Prompt tokens of the first `limit` rows with a supervised token: `input_ids` before the
     first `loss_mask` 1 (rows with none, or with no prompt before it, are skipped)."""
-    prompts = []
+    prompts: list[list[int]] = []
     for i in range(len(rows)):
         if len(prompts) >= limit:
             break
