@@ -167,7 +167,8 @@ def run_sweep(
 
 
 def table(results: dict) -> dict:
-    """`{policy: {load: cell}}` plus the scheduler's gain over the best fixed policy."""
+    """`{"gains": {scheduler: {load: {best_fixed, gain_total, vs_ar_total}}}}`: each scheduler
+    policy against the best fixed policy (ar, full, threshold) at every load."""
     by: dict[str, dict[int, dict]] = {}  # policy -> load -> cell
     for cell in results["cells"].values():
         by.setdefault(cell["policy"], {})[cell["load"]] = cell
