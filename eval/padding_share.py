@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from dspark.data.packing import padding_stats, row_lengths  # noqa: E402
 
-TRAIN_MIX = "/work/shared/data/prompts/train_mix.jsonl"
+TRAIN_MIX = "../shared/data/prompts/train_mix.jsonl"  # relative to the checkout root
 
 
 def prompt_lengths(source: str, tokenizer, answer_tokens: int) -> tuple[list[int], int]:
@@ -67,7 +67,7 @@ def main() -> None:
     for d in args.tokenized:
         from datasets import load_from_disk
 
-        sets[Path(d).name] = (row_lengths(load_from_disk(d)), "tokenized set as is")
+        sets[str(d).rstrip("/")] = (row_lengths(load_from_disk(d)), "tokenized set as is")
 
     results = []
     for name, (lengths, how) in sets.items():
