@@ -122,8 +122,9 @@ class Recorder(DecodeObserver):
         self.requests = requests
 
     def on_finish(self, request, cache, ctx, row):
-        if self.keep_caches:
-            self.final[request] = (cache, ctx, row)
+        if self.keep_caches:  # a copy: the live batch reuses a finished row's slot in place
+            index = torch.tensor([row], device=cache.keys[0].device)
+            self.final[request] = (cache.select(index), ctx and ctx.select(index), 0)
 
 
 class OracleDraft(nn.Module):

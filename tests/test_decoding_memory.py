@@ -45,8 +45,10 @@ def test_live_batch_retires_finished_rows_once():
         def __init__(self, rows):
             self.rows = rows
 
-        def select(self, index):
-            return _Cache([self.rows[i] for i in index.tolist()])
+        def compact(self, moves, rows):  # in place, as the real caches do
+            for dst, src, _ in moves:
+                self.rows[dst] = self.rows[src]
+            return _Cache(self.rows[:rows])
 
     seen = []
 
@@ -73,3 +75,39 @@ def test_live_batch_retires_finished_rows_once():
         ("finish", 0, "t0", "c0"),
         ("finish", 2, "t2", "c2"),
     ]
+
+
+def test_retire_moves_rows_in_place_and_keeps_every_live_rows_committed_slots():
+    """Swap-remove against a by-hand reference: after any set of finished rows, live row j
+    holds exactly what old row keep[j] held below its position (4 rows, every subset)."""
+    import itertools
+
+    import torch
+
+    from dspark.decoding.cache import DraftContextCache, TargetKVCache
+    from dspark.decoding.live_batch import LiveBatch
+
+    rows, layers, max_len = 4, 2, 8
+    for gone in itertools.chain.from_iterable(
+        itertools.combinations(range(rows), k) for k in range(1, rows + 1)
+    ):
+        cache = TargetKVCache(layers, rows, 2, 3, max_len, torch.float32, "cpu")
+        for t in cache.keys + cache.values:
+            t.copy_(torch.randn_like(t))
+        ctx = DraftContextCache(rows, max_len)
+        ctx.write([(torch.randn(rows, 1, max_len, 3), torch.randn(rows, 1, max_len, 3))],
+                  torch.arange(max_len)[None].expand(rows, max_len), start=0)  # fmt: skip
+        before = [t.clone() for t in cache.keys + cache.values + ctx.keys + ctx.values]
+        positions = [5, 3, 8, 6]
+        batch = LiveBatch([10, 11, 12, 13], list(positions), cache, ctx, torch.device("cpu"))
+        done = {10 + g: True for g in gone}
+        keep = batch.retire([done.get(r, False) for r in range(14)])
+        assert sorted(keep) == [r for r in range(rows) if r not in gone], (gone, keep)
+        assert batch.requests == [10 + k for k in keep]
+        assert batch.positions == [positions[k] for k in keep]
+        after = batch.cache.keys + batch.cache.values + batch.ctx.keys + batch.ctx.values
+        for old, new in zip(before, after):
+            assert new.shape[0] == (len(keep) or rows)  # nobody left: caches untouched
+            for j, k in enumerate(keep):
+                n = positions[k]
+                torch.testing.assert_close(new[j, :, :n], old[k, :, :n], rtol=0, atol=0)

@@ -33,6 +33,13 @@ def causal_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype | None 
     )
 
 
+def _move_rows(buffers: list[torch.Tensor], moves: list[tuple[int, int, int]]) -> None:
+    """`buf[dst, :, :n] = buf[src, :, :n]` for each `(dst, src, n)`, in order, every buffer."""
+    for dst, src, n in moves:
+        for buf in buffers:
+            buf[dst, :, :n].copy_(buf[src, :, :n])
+
+
 class _Writer:
     """Writes `[B, h, n, d]` states into a `[B, h, S, d]` buffer at per-row positions."""
 
@@ -108,6 +115,20 @@ class TargetKVCache:
         new._writer = _Writer()
         return new
 
+    def compact(self, moves: list[tuple[int, int, int]], rows: int) -> TargetKVCache:
+        """Drop finished rows in place: for each `(dst, src, n)` copy row `src`'s first `n`
+        slots onto row `dst` (in order), then return a cache of the first `rows` rows (views of
+        this cache's storage). Only moved rows are copied, where `select` gathers every live
+        row's whole slab; this cache's rows are overwritten, so a caller that keeps a finished
+        row copies it first (`select`)."""
+        _move_rows(self.keys + self.values, moves)
+        new = object.__new__(TargetKVCache)
+        new.keys = [k[:rows] for k in self.keys]
+        new.values = [v[:rows] for v in self.values]
+        new.max_len, new.batch, new.kv_len = self.max_len, rows, self.kv_len
+        new._writer = _Writer()
+        return new
+
     def prepare(self, positions: torch.Tensor, kv_len: int, start: int | None = None):
         self.kv_len = kv_len
         self._writer.set_positions(positions, start)
@@ -169,3 +190,11 @@ class DraftContextCache:
 
     def view(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [(k[:, :, :n], v[:, :, :n]) for k, v in zip(self.keys, self.values)]
+
+    def compact(self, moves: list[tuple[int, int, int]], rows: int) -> DraftContextCache:
+        """In-place row moves, then the first `rows` rows: as `TargetKVCache.compact`."""
+        _move_rows(self.keys + self.values, moves)
+        new = DraftContextCache(rows, self.max_len)
+        new.keys = [k[:rows] for k in self.keys]
+        new.values = [v[:rows] for v in self.values]
+        return new

@@ -35,21 +35,32 @@ class LiveBatch:
             self.observer.on_round(list(self.requests))
 
     def retire(self, done: list[bool]) -> list[int] | None:
-        """Drop the requests with `done[request]` (one gather of the caches, only when some
-        finished; none when all did). Returns `keep`, the old row indices that stay (for the
-        caller's own per-row tensors), or None when nobody left. The observer sees each
-        finished request's final caches and row first."""
+        """Drop the requests with `done[request]`; returns `keep`, the old row indices that
+        stay in their new order (for the caller's own per-row tensors), or None when nobody
+        finished. The observer sees each finished request's final caches and row first.
+
+        Rows leave by swap-remove: the last live row moves into a finished row's slot (only its
+        committed slots are copied) and the caches shrink to views of their first rows, so a
+        retirement costs one row's copy per finished request instead of a gather of every
+        live row (SmolLM2, fp32, 16 rows x 512 slots, 2 threads: 1.6 ms vs 38.7 ms, an AR step
+        being ~130 ms; 64 rows: 2.4 vs 174 ms)."""
         gone = [i for i, b in enumerate(self.requests) if done[b]]
         if not gone:
             return None
         if self.observer is not None:
             for i in gone:
                 self.observer.on_finish(self.requests[i], self.cache, self.ctx, i)
-        keep = [i for i, b in enumerate(self.requests) if not done[b]]
+        order, live, moves = list(range(len(self.requests))), len(self.requests), []
+        for g in sorted(gone, reverse=True):
+            last = live - 1
+            if g != last:  # the last live row fills the hole; its slots < its position are live
+                moves.append((g, last, self.positions[order[last]]))
+                order[g] = order[last]
+            live -= 1
+        keep = order[:live]
         if keep:
-            index = torch.tensor(keep, device=self.device)
-            self.cache = self.cache.select(index)
-            self.ctx = self.ctx.select(index) if self.ctx is not None else None
+            self.cache = self.cache.compact(moves, live)
+            self.ctx = self.ctx.compact(moves, live) if self.ctx is not None else None
         self.requests = [self.requests[i] for i in keep]
         self.positions = [self.positions[i] for i in keep]
         return keep

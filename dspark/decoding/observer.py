@@ -16,4 +16,6 @@ class DecodeObserver:
     def on_finish(self, request: int, cache, ctx, row: int) -> None:
         """`request` has finished and is about to leave the live batch: `cache`
         (`TargetKVCache`) and `ctx` (`DraftContextCache`, None for the AR baseline) still hold
-        it at batch row `row`. Keeping them pins a whole batch's caches: tests only."""
+        it at batch row `row`, but only until this call returns: the live batch then moves
+        another row into that slot in place, so copy what you keep
+        (`cache.select(torch.tensor([row]))`). Tests only."""
