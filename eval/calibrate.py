@@ -13,7 +13,6 @@ directory).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -46,18 +45,12 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from dspark.eval.calibrate import reliability_png, render_markdown, run
+    from dspark.eval.calibrate import run, write_report
 
     if args.threads:
         torch.set_num_threads(args.threads)
     res = run(args)
-    out = Path(args.out or args.draft)
-    out.mkdir(parents=True, exist_ok=True)
-    res["plot"] = reliability_png(res, out / "calibration_reliability.png").name
-    (out / "calibration.json").write_text(json.dumps(res, indent=2) + "\n")
-    md = render_markdown(res) + f"\n![reliability]({res['plot']})\n"
-    (out / "calibration.md").write_text(md)
-    print(md)
+    print(write_report(res, Path(args.out or args.draft)))
 
 
 if __name__ == "__main__":

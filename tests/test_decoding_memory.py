@@ -37,8 +37,6 @@ def test_no_caches_are_kept_after_a_call(tiny_target):
 
 
 def test_live_batch_retires_finished_rows_once():
-    import torch
-
     from dspark.decoding.live_batch import LiveBatch
 
     class _Cache:
@@ -60,7 +58,7 @@ def test_live_batch_retires_finished_rows_once():
             seen.append(("finish", request, cache.rows[row], ctx.rows[row]))
 
     cache, ctx = _Cache(["t0", "t1", "t2"]), _Cache(["c0", "c1", "c2"])
-    batch = LiveBatch([0, 1, 2], [5, 7, 9], cache, ctx, torch.device("cpu"), _Obs())
+    batch = LiveBatch([0, 1, 2], [5, 7, 9], cache, ctx, _Obs())
     assert batch.retire([False, False, False]) is None and batch.cache is cache
     batch.start_round()
     assert batch.retire([False, True, False]) == [0, 2]
@@ -99,7 +97,7 @@ def test_retire_moves_rows_in_place_and_keeps_every_live_rows_committed_slots():
                   torch.arange(max_len)[None].expand(rows, max_len), start=0)  # fmt: skip
         before = [t.clone() for t in cache.keys + cache.values + ctx.keys + ctx.values]
         positions = [5, 3, 8, 6]
-        batch = LiveBatch([10, 11, 12, 13], list(positions), cache, ctx, torch.device("cpu"))
+        batch = LiveBatch([10, 11, 12, 13], list(positions), cache, ctx)
         done = {10 + g: True for g in gone}
         keep = batch.retire([done.get(r, False) for r in range(14)])
         assert sorted(keep) == [r for r in range(rows) if r not in gone], (gone, keep)

@@ -106,14 +106,20 @@ class TargetKVCache:
     def fits(self, batch: int, max_len: int) -> bool:
         return batch == self.batch and max_len <= self.max_len
 
-    def select(self, rows: torch.Tensor) -> TargetKVCache:
-        """A new cache holding only batch rows `rows` (a gather; this cache is unchanged)."""
+    def _with(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> TargetKVCache:
+        """A cache over the given per-layer buffers (rows = their batch size), same length."""
         new = object.__new__(TargetKVCache)
-        new.keys = [k.index_select(0, rows) for k in self.keys]
-        new.values = [v.index_select(0, rows) for v in self.values]
-        new.max_len, new.batch, new.kv_len = self.max_len, len(rows), self.kv_len
+        new.keys, new.values = keys, values
+        new.max_len, new.batch, new.kv_len = self.max_len, keys[0].shape[0], self.kv_len
         new._writer = _Writer()
         return new
+
+    def select(self, rows: torch.Tensor) -> TargetKVCache:
+        """A new cache holding only batch rows `rows` (a gather; this cache is unchanged)."""
+        return self._with(
+            [k.index_select(0, rows) for k in self.keys],
+            [v.index_select(0, rows) for v in self.values],
+        )
 
     def compact(self, moves: list[tuple[int, int, int]], rows: int) -> TargetKVCache:
         """Drop finished rows in place: for each `(dst, src, n)` copy row `src`'s first `n`
@@ -122,12 +128,7 @@ class TargetKVCache:
         row's whole slab; this cache's rows are overwritten, so a caller that keeps a finished
         row copies it first (`select`)."""
         _move_rows(self.keys + self.values, moves)
-        new = object.__new__(TargetKVCache)
-        new.keys = [k[:rows] for k in self.keys]
-        new.values = [v[:rows] for v in self.values]
-        new.max_len, new.batch, new.kv_len = self.max_len, rows, self.kv_len
-        new._writer = _Writer()
-        return new
+        return self._with([k[:rows] for k in self.keys], [v[:rows] for v in self.values])
 
     def prepare(self, positions: torch.Tensor, kv_len: int, start: int | None = None):
         self.kv_len = kv_len

@@ -309,7 +309,7 @@ class SpeculativeDecoder:
             self._append(out.sequences[b], [first_host[b]], max_new_tokens, eos) for b in range(bsz)
         ]
         self._stamp(out, range(bsz), done, t0)
-        batch = LiveBatch(list(range(bsz)), list(lens), cache, ctx, dev, self.observer)
+        batch = LiveBatch(list(range(bsz)), list(lens), cache, ctx, self.observer)
         keep = batch.retire(done)
         anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
@@ -420,7 +420,7 @@ class SpeculativeDecoder:
         out.prefill_s = time.perf_counter() - t0
         done = [self._append(out.sequences[b], [host[b]], max_new_tokens, eos) for b in range(bsz)]
         self._stamp(out, range(bsz), done, t0)
-        batch = LiveBatch(list(range(bsz)), list(lens), cache, None, self.device, self.observer)
+        batch = LiveBatch(list(range(bsz)), list(lens), cache, None, self.observer)
         rounds = [0] * bsz
         while True:
             keep = batch.retire(done)

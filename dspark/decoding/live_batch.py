@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from dspark.decoding.cache import DraftContextCache, TargetKVCache
 from dspark.decoding.observer import DecodeObserver
 
@@ -23,7 +21,6 @@ class LiveBatch:
     positions: list[int]  # per row, where its next token goes (the anchor's position)
     cache: TargetKVCache
     ctx: DraftContextCache | None  # None for the AR baseline
-    device: torch.device
     observer: DecodeObserver | None = None
 
     def __len__(self) -> int:

@@ -50,61 +50,118 @@ def collect(decoder, prompts: list[list[int]], max_new_tokens: int, batch_size: 
     return per_request
 
 
+def fit_on_prompts(
+    target,
+    draft,
+    prompts: list[list[int]],
+    eos,
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    bins: int,
+    seed: int,
+    temperature: float = 0.0,
+    max_length: int | None = None,
+) -> dict | None:
+    """Decode `prompts` with full-block verification and raw confidences, fit STS on the
+    even-indexed requests and score the odd ones: the fit (None when no draft was verified)
+    with the decoding conditions under "conditions" (callers add what the prompts were)."""
+    from dspark.decoding import SpeculativeDecoder
+
+    if max_length is None:
+        max_length = int(getattr(target.config, "max_position_embeddings", 0) or 32768)
+    decoder = SpeculativeDecoder(
+        target,
+        draft,
+        temperature=temperature,
+        verify_policy="full",
+        calibrate=False,
+        max_length=max_length,
+    )
+    torch.manual_seed(seed)
+    per_request = collect(decoder, prompts, max_new_tokens, batch_size, eos, seed)
+    fit = cal.sts_split_fit(per_request, bins)
+    if fit is None:
+        return None
+    param = next(target.parameters())
+    conditions = {
+        "requests": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "block_size": decoder.gamma,
+        "verification": "full block, raw confidences",
+        "bins": bins,
+        "device": str(param.device),
+        "dtype": str(param.dtype).replace("torch.", ""),
+        "seed": seed,
+    }
+    return {"conditions": conditions, **fit}
+
+
 def run(args) -> dict:
     """`args`: draft, target, datasets, bench_dir, num_prompts, max_new_tokens, temperature,
     batch_size, bins, seed, device, dtype, write, output_dir (see eval/calibrate.py)."""
-    from dspark.decoding import SpeculativeDecoder
     from dspark.eval.prompts import load_dataset, render
     from dspark.eval.runner import eos_ids, load_models
 
     target, tokenizer, draft, spec = load_models(args)
     if getattr(draft, "confidence_head", None) is None:
         raise ValueError(f"the draft at {args.draft} has no confidence head: nothing to calibrate")
-    decoder = SpeculativeDecoder(
-        target,
-        draft,
-        temperature=args.temperature,
-        verify_policy="full",
-        calibrate=False,
-        max_length=int(getattr(target.config, "max_position_embeddings", 0) or 32768),
-    )
     prompts = []
     for name in args.datasets:
         convs = load_dataset(name, args.bench_dir, args.num_prompts)
         prompts += [render(tokenizer, c, []) for c in convs]
-    eos = eos_ids(tokenizer, target)
-    torch.manual_seed(args.seed)
-    per_request = collect(decoder, prompts, args.max_new_tokens, args.batch_size, eos, args.seed)
-    fit = cal.sts_split_fit(per_request, args.bins)
-    if fit is None:
+    result = fit_on_prompts(
+        target,
+        draft,
+        prompts,
+        eos_ids(tokenizer, target),
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        bins=args.bins,
+        seed=args.seed,
+        temperature=args.temperature,
+    )
+    if result is None:
         raise ValueError("no verified drafts were recorded: raise max_new_tokens or num_prompts")
-    param = next(target.parameters())
-    result = {
-        "conditions": {
-            "draft": os.path.abspath(args.draft),
-            "target": spec,
-            "datasets": list(args.datasets),
-            "num_prompts_per_dataset": args.num_prompts,
-            "requests": len(prompts),
-            "max_new_tokens": args.max_new_tokens,
-            "temperature": args.temperature,
-            "block_size": decoder.gamma,
-            "verification": "full block, raw confidences",
-            "bins": args.bins,
-            "device": str(param.device),
-            "dtype": str(param.dtype).replace("torch.", ""),
-            "seed": args.seed,
-        },
-        **fit,
+    result["conditions"] = {
+        "draft": os.path.abspath(args.draft),
+        "target": spec,
+        "datasets": list(args.datasets),
+        "num_prompts_per_dataset": args.num_prompts,
+        **result["conditions"],
     }
     if args.write:
-        result["written_to"] = str(write_temperatures(args.draft, fit["temperatures"]))
+        result["written_to"] = str(write_temperatures(args.draft, result["temperatures"]))
     return result
+
+
+def write_report(res: dict, out: Path) -> str:
+    """`calibration_reliability.png`, `calibration.json` and `calibration.md` in `out`; returns
+    the Markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    res["plot"] = reliability_png(res, out / "calibration_reliability.png").name
+    (out / "calibration.json").write_text(json.dumps(res, indent=2) + "\n")
+    md = render_markdown(res) + f"\n![reliability]({res['plot']})\n"
+    (out / "calibration.md").write_text(md)
+    return md
+
+
+def summary_table(res: dict) -> list[str]:
+    """ECE / Brier / AUROC of the survival view before and after STS (Markdown rows)."""
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    num = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    return [
+        "| survival view | before | after STS |",
+        "|---|---|---|",
+        f"| ECE | {pct(res['ece_before'])} | {pct(res['ece_after'])} |",
+        f"| Brier | {num(res['brier_before'])} | {num(res['brier_after'])} |",
+        f"| AUROC | {num(res['auroc_before'])} | {num(res['auroc_after'])} |",
+    ]
 
 
 def render_markdown(res: dict) -> str:
     c = res["conditions"]
-    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     num = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     lines = [
         "# Confidence calibration (STS)",
@@ -116,11 +173,7 @@ def render_markdown(res: dict) -> str:
         f"Fit on {res['fit_requests']} requests, scored on {res['test_requests']} "
         f"(n={res['n_test']} survival labels).",
         "",
-        "| survival view | before | after STS |",
-        "|---|---|---|",
-        f"| ECE | {pct(res['ece_before'])} | {pct(res['ece_after'])} |",
-        f"| Brier | {num(res['brier_before'])} | {num(res['brier_after'])} |",
-        f"| AUROC | {num(res['auroc_before'])} | {num(res['auroc_after'])} |",
+        *summary_table(res),
         "",
         "Temperatures T_k: " + ", ".join(f"{t:.3f}" for t in res["temperatures"]),
     ]

@@ -48,14 +48,7 @@ def calibrate_published(
 
     Returns `{"skipped": reason}` when there is nothing to fit (no confidence head, no
     verified drafts), so a run never fails at its very end over calibration."""
-    from dspark.decoding import SpeculativeDecoder
-    from dspark.eval import calibration as cal
-    from dspark.eval.calibrate import (
-        collect,
-        reliability_png,
-        render_markdown,
-        write_temperatures,
-    )
+    from dspark.eval.calibrate import fit_on_prompts, write_report, write_temperatures
     from dspark.eval.runner import eos_ids
 
     if getattr(draft, "confidence_head", None) is None:
@@ -65,43 +58,27 @@ def calibrate_published(
     was_training = draft.training
     draft.eval()
     longest = max(len(p) for p in prompts) + max_new_tokens + int(draft.config.block_size) + 2
-    decoder = SpeculativeDecoder(
-        target, draft, verify_policy="full", calibrate=False, max_length=longest
-    )
-    per_request = collect(
-        decoder, prompts, max_new_tokens, batch_size, eos_ids(tokenizer, target), seed
+    res = fit_on_prompts(
+        target,
+        draft,
+        prompts,
+        eos_ids(tokenizer, target),
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        bins=bins,
+        seed=seed,
+        max_length=longest,
     )
     draft.train(was_training)
-    fit = cal.sts_split_fit(per_request, bins)
-    if fit is None:
+    if res is None:
         return {"skipped": "no verified drafts were recorded"}
-    param = next(target.parameters())
-    res = {
-        "conditions": {
-            "draft": str(Path(draft_dir).resolve()),
-            "target": str(getattr(target.config, "_name_or_path", "") or "target"),
-            "datasets": ["the run's held-out split (data.eval)"],
-            "requests": len(prompts),
-            "max_new_tokens": max_new_tokens,
-            "temperature": 0.0,
-            "block_size": decoder.gamma,
-            "verification": "full block, raw confidences",
-            "bins": bins,
-            "device": str(param.device),
-            "dtype": str(param.dtype).replace("torch.", ""),
-            "seed": seed,
-        },
-        **fit,
-    }
     draft_dir = Path(draft_dir)
-    res["written_to"] = str(write_temperatures(draft_dir, fit["temperatures"]))
-    (draft_dir / "calibration.json").write_text(_json(res))
-    (draft_dir / "calibration.md").write_text(render_markdown(res))
-    reliability_png(res, draft_dir / "calibration_reliability.png")
+    res["conditions"] = {
+        "draft": str(draft_dir.resolve()),
+        "target": str(getattr(target.config, "_name_or_path", "") or "target"),
+        "datasets": ["the run's held-out split (data.eval)"],
+        **res["conditions"],
+    }
+    res["written_to"] = str(write_temperatures(draft_dir, res["temperatures"]))
+    write_report(res, draft_dir)
     return res
-
-
-def _json(obj) -> str:
-    import json
-
-    return json.dumps(obj, indent=2) + "\n"

@@ -61,8 +61,8 @@ def _calibration_lines(out: Path, cal: dict | None) -> list[str]:
         return []
     if "skipped" in cal:
         return ["", f"Confidence calibration (STS) skipped: {cal['skipped']}."]
-    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-    num = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    from dspark.eval.calibrate import summary_table
+
     c = cal["conditions"]
     png = Path(cal["written_to"]).parent / "calibration_reliability.png"
     return [
@@ -74,11 +74,7 @@ def _calibration_lines(out: Path, cal: dict | None) -> list[str]:
         f"{cal['fit_requests']} requests, scored on {cal['test_requests']} "
         f"(n={cal['n_test']} survival labels). Temperatures written to `{cal['written_to']}`.",
         "",
-        "| survival view | before | after STS |",
-        "|---|---|---|",
-        f"| ECE | {pct(cal['ece_before'])} | {pct(cal['ece_after'])} |",
-        f"| Brier | {num(cal['brier_before'])} | {num(cal['brier_after'])} |",
-        f"| AUROC | {num(cal['auroc_before'])} | {num(cal['auroc_after'])} |",
+        *summary_table(cal),
         "",
         f"![reliability]({_relative(png, out)})",
     ]
