@@ -147,7 +147,9 @@ def test_scheduler_skips_unprofitable_drafts_losslessly(tiny_target):
         out = dec.generate(prompts, 30)
         assert out.sequences == refs
         skipped = [int(d == 0.0 and w == 1) for d, w in zip(out.round_draft_s, out.round_width)]
-        n = min(len(expect), len(skipped))
+        # while the load holds (a new load is priced afresh from the gate's prior)
+        steady = next((i for i, r in enumerate(out.round_rows) if r != 3), len(skipped))
+        n = min(len(expect), steady)
         assert n >= 8 and skipped[:n] == expect[:n], skipped
 
 

@@ -12,9 +12,9 @@ Per round (see docs/dspark-method.md sections 1 and 3):
 
 Batching: prompts are right-padded and every row owns its positions (slot = position), so
 requests advance by their own acceptance lengths with no leakage. A request that finishes
-(EOS / budget) leaves the batch (`LiveBatch`, live_batch.py): its rows are gathered out of the
-caches once, so later rounds cost only what the live requests need (both decoders do this,
-keeping the comparison fair).
+(EOS / budget) leaves the batch (`LiveBatch`, live_batch.py) by swap-remove: the last live row
+moves into its slot (only that row's committed cache slots are copied), so later rounds cost only
+what the live requests need (both decoders do this, keeping the comparison fair).
 Host syncs: one small device->host copy per round (accept counts and tokens, needed for
 EOS / budget bookkeeping), plus one more with a confidence threshold (the verify length).
 Verify policies (`verify_policy`), each decided from the draft alone, never from the target,
@@ -29,7 +29,9 @@ so decoding stays lossless:
   the pass computes `R * (1 + max l_r)` tokens while the scheduler priced B (both recorded
   per round in `round_tokens` / `round_width`). Rows never verify the padding's free drafts
   under `ragged`: whether another row reaches depth j can depend on this row's a_{j+1},
-  i.e. on its x_j, which would make the choice anticipating (scheduler.py).
+  i.e. on its x_j, which would make the choice anticipating (scheduler.py). Under the
+  scheduler, a `DraftGate` (draft_gate.py) also skips the draft on rounds where drafting does
+  not pay at the current load (plain AR steps that still feed the draft's context).
 The draft's STS temperatures (`confidence_temperatures` in its config) calibrate c_k first.
 The verify pass runs the longest verify length (rows with shorter ones ignore the extra
 drafts).
@@ -43,11 +45,14 @@ rank 256, random init) takes ~30 ms at T=0, an 8-token verify ~90 ms, a 1-token 
 from __future__ import annotations
 
 import time
+from itertools import accumulate
+from operator import mul
 from typing import TYPE_CHECKING
 
 import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
+from dspark.decoding.draft_gate import DraftGate
 from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
 from dspark.decoding.live_batch import LiveBatch
 from dspark.decoding.observer import DecodeObserver
@@ -73,12 +78,11 @@ class SpeculativeDecoder:
     the cached profile of this device, target and dtype, measured on first use).
     `calibrate`: apply the draft config's `confidence_temperatures` (STS) to c_k.
     `time_rounds`: record per-round draft / verify times (a CUDA sync at the boundary).
-    `skip_unprofitable_drafts` (scheduler only, needs draft times in the profile): when a
-    round's expected tokens/s with the draft fall below a plain AR step's, the next
-    `draft_probe_interval` rounds skip the draft and verify nothing (AR steps that still feed
-    the draft's context), then the scheduler drafts again to re-check. Each probe that fails
-    again doubles the skip (up to `max_draft_probe_interval`); a probe that pays resets it, so
-    at a load where drafting never pays the decoder converges to plain AR steps.
+    `skip_unprofitable_drafts` (scheduler only, needs draft times in the profile): the
+    `DraftGate` (draft_gate.py) skips the draft on rounds where it does not pay at this load:
+    AR steps that verify nothing but still feed the draft's context, with probes every
+    `draft_probe_interval` rounds, doubling up to `max_draft_probe_interval`. Its history (a
+    survival prior, the back-off) persists across `generate` calls; `draft_gate.reset()`.
     `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
     `draft=None` allows only `generate_autoregressive`.
     `observer`: a `DecodeObserver` told which request each live row serves every round and
@@ -119,11 +123,6 @@ class SpeculativeDecoder:
         self.verify_policy = verify_policy
         self.scheduler_batch = scheduler_batch
         self.time_rounds = time_rounds
-        self.skip_unprofitable_drafts = skip_unprofitable_drafts
-        self.draft_probe_interval = int(draft_probe_interval)
-        self.max_draft_probe_interval = max(
-            int(max_draft_probe_interval), self.draft_probe_interval
-        )
         self._check_policy(draft)
         self.max_length = max_length
         self.kv_bucket = kv_bucket or (128 if compile else 16)
@@ -144,6 +143,15 @@ class SpeculativeDecoder:
             from dspark.decoding.sps import load_or_measure
 
             self.sps = load_or_measure(target, draft, gamma=self.gamma)
+        self.draft_gate: DraftGate | None = None  # None: draft every round
+        if verify_policy == "scheduler" and skip_unprofitable_drafts and self.sps.draft_times:
+            self.draft_gate = DraftGate(
+                self.sps,
+                self.gamma,
+                ragged=scheduler_batch == "ragged",
+                interval=draft_probe_interval,
+                max_interval=max_draft_probe_interval,
+            )
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
         self.observer = observer
@@ -182,28 +190,6 @@ class SpeculativeDecoder:
         else:
             return cap_t, list(cap)
         return vlen, vlen.tolist()
-
-    def _draft_pays(self, conf: list[list[float]], vlen_host: list[int], live: int) -> bool:
-        """Scheduler only: does drafting beat a plain AR step at this load? Expected tokens per
-        second with the draft (its round time + the chosen verify pass, from the profile) vs
-        `live` tokens per AR step. Uses this round's survivals (draft-only information), so
-        skipping the next rounds' drafts keeps decoding lossless."""
-        if self.verify_policy != "scheduler" or not self.skip_unprofitable_drafts:
-            return True
-        if self.sps is None or not self.sps.draft_times:
-            return True
-        tau = float(live)
-        for c, n in zip(conf, vlen_host):
-            surv = 1.0
-            for x in c[:n]:
-                surv *= x
-                tau += surv
-        if self.scheduler_batch == "ragged":
-            width = (live + sum(vlen_host)) / live
-        else:
-            width = 1 + max(vlen_host)
-        t_spec = self.sps.draft_time(live) + self.sps.step_time(live, width)
-        return tau / t_spec >= live / self.sps.step_time(live, 1)
 
     def _sync(self) -> None:
         if self.time_rounds and self.device.type == "cuda":
@@ -314,8 +300,7 @@ class SpeculativeDecoder:
         anchor = first[keep] if keep is not None else first
         steps = torch.arange(gamma + 1, device=dev)
         slots = torch.arange(cache.max_len, device=dev)
-        skip_left = 0  # AR rounds left before the scheduler drafts again
-        skip_next = self.draft_probe_interval  # the skip after the next failed probe (doubles)
+        gate = self.draft_gate
         while batch:
             batch.start_round()
             rows, apos_host, cache, ctx = batch.requests, batch.positions, batch.cache, batch.ctx
@@ -326,8 +311,7 @@ class SpeculativeDecoder:
             ctx_len = bucket(max(apos_host), self.kv_bucket, cache.max_len)
             ctx_valid = slots[None, :ctx_len] < apos[:, None]
             cap = [min(gamma, max_new_tokens - len(out.sequences[b]) - 1) for b in rows]
-            if skip_left > 0:  # the scheduler found drafting unprofitable: a plain AR step
-                skip_left -= 1
+            if gate is not None and not gate.should_draft(live, max(cap)):  # it would not pay
                 prop = DraftProposal(anchor.new_zeros((live, 0)), None, None)
                 vlen_host = [0] * live
                 vlen = torch.zeros(live, dtype=torch.long, device=dev)
@@ -367,16 +351,12 @@ class SpeculativeDecoder:
             ctx.write(self.draft.context_kv(self.draft.encode_context(taps), pos), pos, start)
             # the one host sync of the round: accept counts, next tokens, drafts
             host = torch.cat([n_acc[:, None], nxt[:, None], drafts], dim=1).tolist()
-            conf = prop.confidence[:, :n_ver].tolist() if prop.confidence is not None else None
+            conf = prop.confidence.tolist() if prop.confidence is not None else None  # [R][gamma]
             t_end = time.perf_counter()
             draft_s = t_verify - t_round if prop.tokens.shape[1] else 0.0  # 0: skipped
             out.record_round(draft_s, t_end - t_verify, live, live + sum(vlen_host), n_ver + 1)
-            if conf is not None:
-                if self._draft_pays(conf, vlen_host, live):
-                    skip_next = self.draft_probe_interval
-                else:
-                    skip_left = skip_next
-                    skip_next = min(2 * skip_next, self.max_draft_probe_interval)
+            if gate is not None and conf is not None:
+                gate.observe([list(accumulate(c, mul)) for c in conf])
             for i, b in enumerate(rows):
                 a, t = host[i][0], host[i][1]
                 out.accept_lengths[b].append(a)

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dspark.decoding.draft_gate import DraftGate
 from dspark.decoding.scheduler import schedule_padded, schedule_ragged
 from dspark.decoding.sps import SPSProfile
 
@@ -77,6 +78,16 @@ def _lengths(policy, surv, caps, profile, gamma, threshold):
     return fn(torch.tensor(surv, dtype=torch.float32), table, cap_t).tolist()
 
 
+def new_gate(
+    policy: str, profile: SPSProfile, gamma: int, interval: int = 4, max_interval: int = 64
+) -> DraftGate | None:
+    """The decoder's draft gate for a scheduler policy (None: the policy drafts every round)."""
+    if not policy.startswith("scheduler") or not profile.draft_times:
+        return None
+    ragged = policy == "scheduler_ragged"
+    return DraftGate(profile, gamma, ragged=ragged, interval=interval, max_interval=max_interval)
+
+
 def simulate(
     streams: list[list[TraceRound]],
     load: int,
@@ -88,9 +99,15 @@ def simulate(
     engine: str = "padded",
     overhead_s: float = 0.0,
     probe_interval: int = 4,
+    max_probe_interval: int = 64,
     skip_drafts: bool = True,
+    gate: DraftGate | None = None,
 ) -> dict:
-    """One (load, policy) cell: decode-phase tokens/s total and per user, tau, widths."""
+    """One (load, policy) cell: decode-phase tokens/s total and per user, tau, widths.
+
+    Scheduler policies skip drafts through the decoder's own `DraftGate` (a fresh one, or
+    `gate` to carry its history over from earlier loads, as one decoder serving every load
+    does)."""
     if engine not in ("padded", "ragged"):
         raise ValueError(f"engine={engine!r}; use padded or ragged")
     gamma = len(streams[0][0].survival)
@@ -98,15 +115,17 @@ def simulate(
     pos = [0] * load
     finish = [0.0] * load
     clock, rounds, committed_rounds, accepted_total, widths, tokens = 0.0, 0, 0, 0, [], []
-    skip_left = 0
+    if not skip_drafts:
+        gate = None
+    elif gate is None:
+        gate = new_gate(policy, profile, gamma, probe_interval, max_probe_interval)
     while True:
         live = [i for i in range(load) if made[i] < max_new_tokens]
         if not live:
             break
         r = len(live)
         caps = [min(gamma, max_new_tokens - made[i] - 1) for i in live]
-        if policy == "ar" or skip_left > 0:
-            skip_left = max(0, skip_left - 1)
+        if policy == "ar" or (gate is not None and not gate.should_draft(r, max(caps))):
             lens, drafted, trace = [0] * r, False, None
         else:
             trace = [
@@ -115,6 +134,8 @@ def simulate(
             surv = [t.survival for t in trace]
             lens = _lengths(policy, surv, caps, profile, gamma, threshold)
             drafted = True
+            if gate is not None:
+                gate.observe(surv)
         width = 1 + max(lens) if engine == "padded" else (r + sum(lens)) / r
         step = profile.step_time(r, width)
         clock += step + overhead_s + (profile.draft_time(r) if drafted else 0.0)
@@ -130,13 +151,6 @@ def simulate(
                 accepted_total += acc
             if made[i] >= max_new_tokens:
                 finish[i] = clock
-        if drafted and policy.startswith("scheduler") and skip_drafts and profile.draft_times:
-            # the decoder's own check (SpeculativeDecoder._draft_pays), at its pricing
-            tau = r + sum(sum(s[:n]) for s, n in zip(surv, lens))
-            priced = (r + sum(lens)) / r if policy == "scheduler_ragged" else 1 + max(lens)
-            t_spec = profile.draft_time(r) + profile.step_time(r, priced)
-            if tau / t_spec < r / profile.step_time(r, 1):
-                skip_left = probe_interval
     total = sum(m - 1 for m in made)
     per_user = [(m - 1) / f for m, f in zip(made, finish) if f > 0]
     return {
@@ -162,10 +176,15 @@ def predict(
     """Every (load, policy) cell; a load without its own traces uses all traces pooled."""
     pooled = [s for streams in traces.values() for s in streams]
     out = []
+    gates: dict[str, DraftGate | None] = {}  # one per policy, carried across loads in order
+    gamma = len(pooled[0][0].survival) if pooled else 0
     for load in loads:
         streams = traces.get(load) or pooled
         for policy in policies:
-            out.append(simulate(streams, load, policy, profile, **kw))
+            if policy not in gates:
+                ivals = kw.get("probe_interval", 4), kw.get("max_probe_interval", 64)
+                gates[policy] = new_gate(policy, profile, gamma, *ivals)
+            out.append(simulate(streams, load, policy, profile, gate=gates[policy], **kw))
     return out
 
 

@@ -1,0 +1,155 @@
+"""Whether to run the draft at all this round: the scheduler's draft gate (pure host math).
+
+At high load a verify pass is compute-bound, so every verified draft costs nearly a full token
+of target work, and the draft's own round (its lm_head over the vocabulary for R x gamma slots)
+costs about one AR step at R = 64 on a CPU. The scheduler then verifies zero drafts everywhere
+and the draft round is pure loss. The gate decides before each round whether to draft:
+
+- After each drafted round it prices that round: expected committed tokens per second with the
+  draft (the round's survivals, the verify lengths the scheduler picks for them without the
+  requests' remaining budgets, draft + verify time from the SPS profile) against `live` tokens
+  per plain AR step. Budgets are left out because a request near its end caps what any draft
+  can add, which says nothing about the load; a round where every request has at most its
+  bonus token left does not draft at all. A round that does not pay starts a back-off:
+  the next `skip` rounds are AR steps (no draft), then one probe round drafts again. Each failed
+  probe doubles `skip` (up to `max_interval`); a round that pays resets it to `interval`. The
+  back-off length is kept per load (power-of-two buckets of live requests): that drafting pays
+  at load 1 says nothing about load 64; a load seen for the first time starts from the longest
+  back-off of the lower loads.
+- It keeps an exponential average of the survival curve of drafted rounds (mean over requests)
+  and, whenever the load changes (a call starts, a request finishes or joins), prices the average
+  round at the new load: a load where it would not pay starts that load's back-off at once (no
+  probe spent to learn it again); a load where it would pay ends a back-off.
+- Its state outlives a `generate` call, as a server's decoder learns its traffic; `reset()`
+  forgets it.
+
+Losslessness: every decision uses draft-only information (survivals come from the confidence
+head) of this or earlier rounds, never the target's outputs of the round being decided, so which
+rounds are AR steps is a stopping rule and the committed tokens keep the target's distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from dspark.decoding.scheduler import SCHEDULERS
+from dspark.decoding.sps import SPSProfile
+
+
+def expected_tokens_per_s(
+    survival: Sequence[Sequence[float]],
+    lengths: Sequence[int],
+    profile: SPSProfile,
+    ragged: bool = False,
+) -> tuple[float, float]:
+    """`(with the draft, plain AR)` expected committed tokens per second for one round.
+
+    survival `[R][gamma]` (a_{r,j} = prod_{i<=j} c_{r,i}), lengths `[R]` drafts verified per
+    request. With the draft: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}) over draft time(R) + verify
+    time(R, width), width = 1 + max l (padded pass) or (R + sum l) / R (ragged); AR: R tokens
+    per verify time(R, 1).
+    """
+    live = len(lengths)
+    tau = float(live) + sum(sum(a[:n]) for a, n in zip(survival, lengths))
+    width = (live + sum(lengths)) / live if ragged else 1 + max(lengths)
+    t_spec = profile.draft_time(live) + profile.step_time(live, width)
+    return tau / t_spec, live / profile.step_time(live, 1)
+
+
+class DraftGate:
+    """Back-off state plus a survival prior; `should_draft(live)` before a round,
+    `observe(survival, lengths)` after a drafted one (module docstring)."""
+
+    def __init__(
+        self,
+        profile: SPSProfile,
+        gamma: int,
+        *,
+        ragged: bool = False,
+        interval: int = 4,
+        max_interval: int = 64,
+        prior_weight: float = 0.2,
+    ):
+        if interval < 1:
+            raise ValueError(f"draft_probe_interval={interval}; use >= 1")
+        self.profile, self.gamma, self.ragged = profile, int(gamma), ragged
+        self.interval = int(interval)
+        self.max_interval = max(int(max_interval), self.interval)
+        self.prior_weight = float(prior_weight)
+        schedule = SCHEDULERS["ragged" if ragged else "padded"]
+        self._schedule: Callable[..., torch.Tensor] = schedule
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the back-off and the survival prior (a fresh decoder's state)."""
+        self.skip_left = 0  # AR rounds left before the next probe
+        self.skip_next: dict[int, int] = {}  # load bucket -> back-off after its next failure
+        self.prior: list[float] | None = None  # EMA of the mean survival curve [gamma]
+        self.load: int | None = None  # live requests of the last round priced
+
+    # ------------------------------------------------------------------ decisions
+    def lengths(self, survival: Sequence[Sequence[float]], caps: Sequence[int]) -> list[int]:
+        """What the scheduler verifies for these survivals at this load (host lists)."""
+        rows = len(survival)
+        table = self.profile.table(rows, self.gamma)
+        surv = torch.tensor(survival, dtype=torch.float32).reshape(rows, self.gamma)
+        return self._schedule(surv, table, torch.tensor(list(caps))).tolist()
+
+    def pays(self, survival: Sequence[Sequence[float]], lengths: Sequence[int]) -> bool:
+        with_draft, ar = expected_tokens_per_s(survival, lengths, self.profile, self.ragged)
+        return with_draft >= ar
+
+    def prior_pays(self, live: int) -> bool | None:
+        """Would the average drafted round pay at `live` requests? None without history."""
+        if self.prior is None:
+            return None
+        surv = [self.prior] * live
+        return self.pays(surv, self.lengths(surv, [self.gamma] * live))
+
+    @staticmethod
+    def bucket(live: int) -> int:
+        """Loads 1, 2, 3-4, 5-8, ... share a back-off (the next power of two)."""
+        return 1 << max(0, live - 1).bit_length()
+
+    def backoff(self, live: int) -> int:
+        """AR rounds the next failed round at this load starts. A load not yet backed off
+        inherits the longest back-off of the lower loads seen: a verify pass only gets more
+        compute-bound with load, so drafting that lost at a lower load loses here too."""
+        b = self.bucket(live)
+        if b in self.skip_next:
+            return self.skip_next[b]
+        return max([n for k, n in self.skip_next.items() if k < b], default=self.interval)
+
+    def should_draft(self, live: int, max_cap: int | None = None) -> bool:
+        """Before a round of `live` requests; `max_cap`: the most drafts any request may still
+        verify (its budget); 0 means a draft could add nothing."""
+        if max_cap is not None and max_cap <= 0:
+            return False
+        if live != self.load:  # a new load: price the average round there
+            self.load = live
+            verdict = self.prior_pays(live)
+            if verdict is True:
+                self.skip_left = 0
+            elif verdict is False:
+                self.skip_left = max(self.skip_left, self.backoff(live))
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return False
+        return True
+
+    def observe(self, survival: Sequence[Sequence[float]]) -> None:
+        """After a drafted round (`survival [R][gamma]`): fold it into the prior, back off if
+        the round does not pay at this load."""
+        mean = [sum(a[j] for a in survival) / len(survival) for j in range(self.gamma)]
+        w = self.prior_weight
+        self.prior = (
+            mean if self.prior is None else [(1 - w) * p + w * m for p, m in zip(self.prior, mean)]
+        )
+        live = self.load = len(survival)
+        if self.pays(survival, self.lengths(survival, [self.gamma] * live)):
+            self.skip_next[self.bucket(live)] = self.interval
+        else:
+            self.skip_left = self.backoff(live)
+            self.skip_next[self.bucket(live)] = min(2 * self.skip_left, self.max_interval)

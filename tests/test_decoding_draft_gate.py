@@ -1,0 +1,103 @@
+"""The draft gate (draft_gate.py): its pricing by hand, its back-off and survival prior, and
+its state across `generate` calls in the decoder (still lossless)."""
+
+from __future__ import annotations
+
+import pytest
+from test_decoding import OracleDraft, greedy_reference, prompts_for
+
+from dspark.decoding import SpeculativeDecoder
+from dspark.decoding.draft_gate import DraftGate, expected_tokens_per_s
+from dspark.decoding.sps import SPSProfile
+
+
+def _profile(draft_times=(0.1, 1.0)) -> SPSProfile:
+    # rows 1: verify width 1/2/3 costs 1.0/1.1/1.2 s; rows 8: 1/2/3 s (compute-bound)
+    return SPSProfile([1, 8], [1, 2, 3], [[1.0, 1.1, 1.2], [1.0, 2.0, 3.0]], list(draft_times))
+
+
+def test_expected_tokens_per_s_by_hand():
+    prof = _profile()
+    surv, lengths = [[0.9, 0.8], [0.5, 0.25]], [2, 1]
+    tau = 2 + (0.9 + 0.8) + 0.5
+    t_draft = 0.1 + 0.9 / 7  # rows 2 lies 1/7 of the way from rows 1 to rows 8
+    padded = tau / (t_draft + 1.2 + (3.0 - 1.2) / 7)  # width 1 + max l = 3
+    ragged = tau / (t_draft + 1.15 + (2.5 - 1.15) / 7)  # width (2 + 3) / 2 = 2.5
+    assert expected_tokens_per_s(surv, lengths, prof) == pytest.approx((padded, 2 / 1.0))
+    assert expected_tokens_per_s(surv, lengths, prof, ragged=True)[0] == pytest.approx(ragged)
+
+
+def test_gate_backs_off_doubles_and_prices_a_new_load_from_its_prior():
+    gate = DraftGate(_profile(), gamma=2, interval=2, max_interval=8)
+    surv = [0.9, 0.8]
+    # load 1: verify both drafts, 2.7 tokens / 1.3 s beats 1 token / 1.0 s
+    assert gate.lengths([surv], [2]) == [2] and gate.pays([surv], [2])
+    # load 8: a verify pass is compute-bound, no depth pays, the draft round is a loss
+    assert gate.lengths([surv] * 8, [2] * 8) == [0] * 8 and not gate.pays([surv] * 8, [0] * 8)
+
+    def run(live: int, rounds: int) -> list[int]:
+        pattern = []
+        for _ in range(rounds):
+            drafted = gate.should_draft(live)
+            pattern.append(int(drafted))
+            if drafted:
+                gate.observe([surv] * live)
+        return pattern
+
+    assert gate.prior_pays(8) is None  # no history: the first round drafts
+    # fails, skip 2, probe fails, skip 4, probe fails, skip 8 (capped), probe ...
+    assert run(8, 18) == [1, 0, 0, 1, 0, 0, 0, 0, 1] + [0] * 8 + [1]
+    assert gate.prior == pytest.approx(surv) and gate.backoff(8) == gate.backoff(5) == 8
+    # the load drops to 1: the prior says drafting pays there, so it drafts at once
+    assert run(1, 3) == [1, 1, 1] and gate.backoff(1) == 2
+    # back to 8: the prior says it does not pay, so no probe is spent to learn that again,
+    # and load 8 keeps its own (long) back-off
+    assert run(8, 10) == [0] * 8 + [1, 0]
+    assert [DraftGate.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 16, 64]
+    # a load never backed off inherits the longest back-off below it (drafting lost there)
+    assert gate.backoff(64) == 8 and gate.backoff(2) == 2 and gate.backoff(4) == 2
+    assert not gate.should_draft(1, max_cap=0)  # only bonus tokens left: nothing to draft
+    gate.reset()
+    assert gate.prior is None and run(8, 1) == [1]
+
+
+def test_gate_prior_is_an_exponential_average_of_mean_survival():
+    gate = DraftGate(_profile(), gamma=2, prior_weight=0.25)
+    gate.observe([[0.8, 0.4], [0.6, 0.2]])
+    assert gate.prior == pytest.approx([0.7, 0.3])
+    gate.observe([[0.2, 0.1]])
+    assert gate.prior == pytest.approx([0.75 * 0.7 + 0.25 * 0.2, 0.75 * 0.3 + 0.25 * 0.1])
+    with pytest.raises(ValueError, match="draft_probe_interval"):
+        DraftGate(_profile(), gamma=2, interval=0)
+
+
+def _sched_profile(draft_times, gamma=4):
+    rows, widths = [1, 2, 4, 8], list(range(1, gamma + 2))
+    times = [[1.0 + 0.02 * r * w for w in widths] for r in rows]
+    return SPSProfile(rows, widths, times, list(draft_times))
+
+
+def test_decoder_gate_state_outlives_a_call_and_stays_lossless(tiny_target):
+    model, _ = tiny_target("qwen2")
+    vocab = model.config.vocab_size
+    prompts = prompts_for(vocab, (5, 8, 3), 43)
+    refs = [greedy_reference(model, p, 30) for p in prompts]
+    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=3)
+    # drafting costs 50 s at 2+ rows (never pays), nothing at 1 row (pays whenever drafts do)
+    dec = SpeculativeDecoder(
+        model, draft, verify_policy="scheduler", sps=_sched_profile([0.0, 50.0, 50.0, 50.0]),
+        draft_probe_interval=3, observer=draft.recorder,
+    )  # fmt: skip
+
+    def skipped(out) -> list[int]:
+        return [int(d == 0.0 and w == 1) for d, w in zip(out.round_draft_s, out.round_width)]
+
+    first = dec.generate(prompts, 30)
+    assert first.sequences == refs and skipped(first)[:5] == [0, 1, 1, 1, 0]
+    again = dec.generate(prompts, 30)  # same load: the back-off carries over, no first probe
+    assert again.sequences == refs and skipped(again)[0] == 1
+    one = dec.generate(prompts[:1], 30)  # load 1: the prior says drafting pays there
+    assert one.sequences == refs[:1] and skipped(one)[0] == 0
+    dec.draft_gate.reset()  # a fresh decoder's state: the first round probes
+    fresh = dec.generate(prompts, 30)
+    assert fresh.sequences == refs and skipped(fresh)[0] == 0
