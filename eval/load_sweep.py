@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="per load, policies interleaved; median kept"
+    )
     ap.add_argument("--out", default="runs/load_sweep")
     args = ap.parse_args()
 

@@ -156,3 +156,34 @@ def test_profile_report_and_plot(tmp_path):
     md = profile_markdown(prof, "qwen3-8b")
     assert "| 64 |" in md and "draft round" in md
     assert plot_profile(prof, tmp_path / "sps.png", 3).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_repeats_keep_the_median_repeat(tiny_target, tmp_path):
+    cells = [
+        {"total_tokens_per_s": 30.0, "tau": 3.0, "matches_ar": 1.0},
+        {"total_tokens_per_s": 10.0, "tau": 1.0, "matches_ar": 0.5},
+        {"total_tokens_per_s": 20.0, "tau": 2.0, "matches_ar": 1.0},
+    ]
+    med = ls.median_cell(cells)
+    assert med["tau"] == 2.0 and med["total_tokens_per_s_reps"] == [30.0, 10.0, 20.0]
+    assert med["matches_ar"] == 0.5  # the worst repeat's: a mismatch is never hidden
+    assert ls.median_cell(cells[:2])["tau"] == 1.0  # even count: the lower middle
+    model, _ = tiny_target("qwen3")
+    vocab = model.config.vocab_size
+    prompts = prompts_for(vocab, (5, 7), 3)
+    refs = [greedy_reference(model, p, 8) for p in prompts]
+    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=GAMMA, seed=1)
+    decs = ls.decoders(
+        model, draft, ["ar", "scheduler"], threshold=0.5, sps=_profile(), temperature=0.0,
+        max_length=128,
+    )  # fmt: skip
+    for dec in decs.values():
+        dec.observer = draft.recorder
+    res = ls.run_sweep(decs, prompts, [2], max_new_tokens=8, eos=None, seed=0, repeats=3,
+                       out_dir=tmp_path, conditions={}, progress=lambda m: None)  # fmt: skip
+    for cell in res["cells"].values():
+        reps = cell["total_tokens_per_s_reps"]
+        assert len(reps) == 3 and cell["total_tokens_per_s"] == sorted(reps)[1]
+    assert res["cells"]["2/scheduler"]["matches_ar"] == 1.0
+    traces = (tmp_path / "traces.jsonl").read_text().splitlines()
+    assert len(traces) == 2  # the first repeat's traces only: one row per request
