@@ -28,7 +28,7 @@ def test_expected_tokens_per_s_by_hand():
 
 
 def test_gate_backs_off_doubles_and_prices_a_new_load_from_its_prior():
-    gate = DraftGate(_profile(), gamma=2, interval=2, max_interval=8)
+    gate = DraftGate(_profile(), gamma=2, interval=2, max_interval=8, probe_budget=0.0)
     surv = [0.9, 0.8]
     # load 1: verify both drafts, 2.7 tokens / 1.3 s beats 1 token / 1.0 s
     assert gate.lengths([surv], [2]) == [2] and gate.pays([surv], [2])
@@ -86,7 +86,7 @@ def test_decoder_gate_state_outlives_a_call_and_stays_lossless(tiny_target):
     # drafting costs 50 s at 2+ rows (never pays), nothing at 1 row (pays whenever drafts do)
     dec = SpeculativeDecoder(
         model, draft, verify_policy="scheduler", sps=_sched_profile([0.0, 50.0, 50.0, 50.0]),
-        draft_probe_interval=3, observer=draft.recorder,
+        draft_probe_interval=3, draft_probe_budget=0.0, observer=draft.recorder,
     )  # fmt: skip
 
     def skipped(out) -> list[int]:
@@ -101,3 +101,37 @@ def test_decoder_gate_state_outlives_a_call_and_stays_lossless(tiny_target):
     dec.draft_gate.reset()  # a fresh decoder's state: the first round probes
     fresh = dec.generate(prompts, 30)
     assert fresh.sequences == refs and skipped(fresh)[0] == 0
+
+
+def test_gate_prices_with_the_realized_acceptance_rate():
+    gate = DraftGate(_profile(), gamma=2, realized_decay=0.5)
+    surv = [0.9, 0.8]
+    assert gate.priced([surv])  # as the draft claims: it pays at load 1
+    # verification keeps contradicting it: depth 1 accepted once in 4, depth 2 never
+    for accepted in (0, 1, 0, 0):
+        gate.observe([surv], verified=[2], accepted=[accepted])
+    # decayed sums: predicted 0.9 * (1 + .5 + .25 + .125), realized 1 * .25 (the 2nd round)
+    k1 = 0.25 / (0.9 * 1.875)
+    assert gate.realism() == pytest.approx([k1, 0.0])
+    assert gate.corrected([surv])[0] == pytest.approx([0.9 * k1, 0.0])
+    # 1.13 expected tokens over 1.2 s (draft + width 2) against 1 token per 1.0 s: no longer
+    assert not gate.priced([surv]) and not gate.prior_pays(1)
+    # under one slot's worth of verified survival a depth keeps the draft's own figure
+    fresh = DraftGate(_profile(), gamma=2)
+    fresh.observe([[0.5, 0.1]], verified=[1], accepted=[0])
+    assert fresh.realism() == [1.0, 1.0]
+    # corrected survivals never rise with depth (an underconfident deep slot stays capped)
+    fresh.realized_sum, fresh.predicted_sum = [1.0, 4.0], [2.0, 1.0]
+    assert fresh.corrected([[0.8, 0.6]])[0] == pytest.approx([0.4, 0.4])
+
+
+def test_probe_floor_keeps_probes_under_their_budget():
+    # a probe (draft round) costs 1.0 s at 8 rows against a 1.0 s AR step: at 5% of the AR
+    # time, at most one probe per 20 rounds; at 1 row 0.1 s / (5% of 1.0 s) = 2 rounds
+    gate = DraftGate(_profile(), gamma=2, interval=2, max_interval=64, probe_budget=0.05)
+    assert gate.probe_floor(8) == 20 and gate.probe_floor(1) == 2
+    assert gate.backoff(8) == 20 and gate.backoff(1) == 2  # floor over the interval
+    gate.observe([[0.9, 0.8]] * 8)  # a failed round at 8: back off 20, next time 40
+    assert gate.skip_left == 20 and gate.backoff(8) == 40
+    assert DraftGate(_profile(), gamma=2, max_interval=16).backoff(8) == 16  # capped
+    assert DraftGate(_profile(), gamma=2, probe_budget=0.0).probe_floor(8) == 1

@@ -142,7 +142,7 @@ def test_scheduler_skips_unprofitable_drafts_losslessly(tiny_target):
         dec = SpeculativeDecoder(
             model, draft, verify_policy="scheduler", sps=_profile(1.0, 0.02, 4, draft_s),
             draft_probe_interval=3, max_draft_probe_interval=max_interval,
-            observer=draft.recorder,
+            draft_probe_budget=0.0, observer=draft.recorder,
         )  # fmt: skip
         out = dec.generate(prompts, 30)
         assert out.sequences == refs

@@ -81,8 +81,10 @@ class SpeculativeDecoder:
     `skip_unprofitable_drafts` (scheduler only, needs draft times in the profile): the
     `DraftGate` (draft_gate.py) skips the draft on rounds where it does not pay at this load:
     AR steps that verify nothing but still feed the draft's context, with probes every
-    `draft_probe_interval` rounds, doubling up to `max_draft_probe_interval`. Its history (a
-    survival prior, the back-off) persists across `generate` calls; `draft_gate.reset()`.
+    `draft_probe_interval` rounds, doubling up to `max_draft_probe_interval`, and never more
+    often than keeps probes under `draft_probe_budget` of the AR time (0: no floor). Its
+    history (a survival prior, realized rates, the back-off) persists across `generate`
+    calls; `draft_gate.reset()` forgets it.
     `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
     `draft=None` allows only `generate_autoregressive`.
     `observer`: a `DecodeObserver` told which request each live row serves every round and
@@ -111,6 +113,7 @@ class SpeculativeDecoder:
         skip_unprofitable_drafts: bool = True,
         draft_probe_interval: int = 4,
         max_draft_probe_interval: int = 64,
+        draft_probe_budget: float = 0.05,
         observer: DecodeObserver | None = None,
         cpu_fast_paths: bool = True,
     ):
@@ -151,6 +154,7 @@ class SpeculativeDecoder:
                 ragged=scheduler_batch == "ragged",
                 interval=draft_probe_interval,
                 max_interval=max_draft_probe_interval,
+                probe_budget=draft_probe_budget,
             )
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
@@ -356,7 +360,8 @@ class SpeculativeDecoder:
             draft_s = t_verify - t_round if prop.tokens.shape[1] else 0.0  # 0: skipped
             out.record_round(draft_s, t_end - t_verify, live, live + sum(vlen_host), n_ver + 1)
             if gate is not None and conf is not None:
-                gate.observe([list(accumulate(c, mul)) for c in conf])
+                surv = [list(accumulate(c, mul)) for c in conf]
+                gate.observe(surv, vlen_host, [h[0] for h in host])
             for i, b in enumerate(rows):
                 a, t = host[i][0], host[i][1]
                 out.accept_lengths[b].append(a)

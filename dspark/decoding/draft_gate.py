@@ -5,31 +5,37 @@ of target work, and the draft's own round (its lm_head over the vocabulary for R
 costs about one AR step at R = 64 on a CPU. The scheduler then verifies zero drafts everywhere
 and the draft round is pure loss. The gate decides before each round whether to draft:
 
-- After each drafted round it prices that round: expected committed tokens per second with the
-  draft (the round's survivals, the verify lengths the scheduler picks for them without the
-  requests' remaining budgets, draft + verify time from the SPS profile) against `live` tokens
-  per plain AR step. Budgets are left out because a request near its end caps what any draft
-  can add, which says nothing about the load; a round where every request has at most its
-  bonus token left does not draft at all. A round that does not pay starts a back-off:
-  the next `skip` rounds are AR steps (no draft), then one probe round drafts again. Each failed
-  probe doubles `skip` (up to `max_interval`); a round that pays resets it to `interval`. The
-  back-off length is kept per load (power-of-two buckets of live requests): that drafting pays
-  at load 1 says nothing about load 64; a load seen for the first time starts from the longest
-  back-off of the lower loads.
-- It keeps an exponential average of the survival curve of drafted rounds (mean over requests)
-  and, whenever the load changes (a call starts, a request finishes or joins), prices the average
-  round at the new load: a load where it would not pay starts that load's back-off at once (no
-  probe spent to learn it again); a load where it would pay ends a back-off.
+- It keeps an exponential average of the survival curve of drafted rounds (mean over
+  requests; the prior) and corrects it by what verification realized: per depth, drafts
+  accepted over survival predicted on the slots verified so far (the STS fit comes from other
+  prompts). The correction is for pricing only; the scheduler keeps the draft's own survivals.
+- Pricing at `live` requests: expected committed tokens per second with the draft (the prior
+  for every request, the verify lengths the scheduler would pick, draft + verify time from the
+  SPS profile) against `live` tokens per plain AR step. Budgets are left out: a request near
+  its end caps what any draft can add, which says nothing about the load (a round where every
+  request has only its bonus token left does not draft at all).
+- After each drafted round, and whenever the load changes (a call starts, a request finishes
+  or joins), it prices the prior at the current load. Where it pays, the next round drafts
+  (a back-off in progress ends); where it does not, a back-off starts: the next `skip` rounds
+  are AR steps (no draft), then one probe round drafts again and refreshes the prior. Each
+  failed probe doubles `skip` (up to `max_interval`); a round that pays resets it to
+  `interval`. `skip` is kept per load (power-of-two buckets of live requests: that drafting
+  pays at load 1 says nothing about load 64); a load seen for the first time starts from the
+  longest back-off of the lower loads; and it is never shorter than keeps probes under
+  `probe_budget` of the AR time (a probe costs a draft round, ~1 AR step at 64 requests on a
+  CPU). The prior, not the round alone, decides: one lucky round says little about the next.
 - Its state outlives a `generate` call, as a server's decoder learns its traffic; `reset()`
   forgets it.
 
-Losslessness: every decision uses draft-only information (survivals come from the confidence
-head) of this or earlier rounds, never the target's outputs of the round being decided, so which
-rounds are AR steps is a stopping rule and the committed tokens keep the target's distribution.
+Losslessness: whether a round drafts is decided before it from earlier rounds only (their
+survivals and acceptance counts), never from the target's outputs of the round being decided,
+so the committed tokens keep the target's distribution; within a round the scheduler decides
+the verified prefix from the draft alone, as before.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -71,6 +77,8 @@ class DraftGate:
         interval: int = 4,
         max_interval: int = 64,
         prior_weight: float = 0.2,
+        realized_decay: float = 0.95,
+        probe_budget: float = 0.05,
     ):
         if interval < 1:
             raise ValueError(f"draft_probe_interval={interval}; use >= 1")
@@ -78,6 +86,8 @@ class DraftGate:
         self.interval = int(interval)
         self.max_interval = max(int(max_interval), self.interval)
         self.prior_weight = float(prior_weight)
+        self.realized_decay = float(realized_decay)
+        self.probe_budget = float(probe_budget)
         schedule = SCHEDULERS["ragged" if ragged else "padded"]
         self._schedule: Callable[..., torch.Tensor] = schedule
         self.reset()
@@ -88,6 +98,9 @@ class DraftGate:
         self.skip_next: dict[int, int] = {}  # load bucket -> back-off after its next failure
         self.prior: list[float] | None = None  # EMA of the mean survival curve [gamma]
         self.load: int | None = None  # live requests of the last round priced
+        # decayed sums over verified slots per depth: survival predicted, drafts accepted
+        self.predicted_sum = [0.0] * self.gamma
+        self.realized_sum = [0.0] * self.gamma
 
     # ------------------------------------------------------------------ decisions
     def lengths(self, survival: Sequence[Sequence[float]], caps: Sequence[int]) -> list[int]:
@@ -101,12 +114,35 @@ class DraftGate:
         with_draft, ar = expected_tokens_per_s(survival, lengths, self.profile, self.ragged)
         return with_draft >= ar
 
+    def realism(self) -> list[float]:
+        """Per depth j: accepted drafts / predicted survival over the verified slots so far
+        (decayed sums); 1.0 where fewer than one slot's worth of survival was verified."""
+        return [r / p if p >= 1.0 else 1.0 for r, p in zip(self.realized_sum, self.predicted_sum)]
+
+    def corrected(self, survival: Sequence[Sequence[float]]) -> list[list[float]]:
+        """Survivals scaled by `realism()`, capped at 1 and kept non-increasing in depth: what
+        the gate prices with (the scheduler itself sees the draft's own survivals)."""
+        k = self.realism()
+        out = []
+        for a in survival:
+            row, last = [], 1.0
+            for j in range(self.gamma):
+                last = min(last, a[j] * k[j])
+                row.append(last)
+            out.append(row)
+        return out
+
+    def priced(self, survival: Sequence[Sequence[float]]) -> bool:
+        """Does a round with these survivals pay at this load, with the scheduler's own choice
+        of lengths (no budget caps) and the realized-rate correction?"""
+        surv = self.corrected(survival)
+        return self.pays(surv, self.lengths(surv, [self.gamma] * len(surv)))
+
     def prior_pays(self, live: int) -> bool | None:
         """Would the average drafted round pay at `live` requests? None without history."""
         if self.prior is None:
             return None
-        surv = [self.prior] * live
-        return self.pays(surv, self.lengths(surv, [self.gamma] * live))
+        return self.priced([self.prior] * live)
 
     @staticmethod
     def bucket(live: int) -> int:
@@ -119,8 +155,18 @@ class DraftGate:
         compute-bound with load, so drafting that lost at a lower load loses here too."""
         b = self.bucket(live)
         if b in self.skip_next:
-            return self.skip_next[b]
-        return max([n for k, n in self.skip_next.items() if k < b], default=self.interval)
+            own = self.skip_next[b]
+        else:
+            own = max([n for k, n in self.skip_next.items() if k < b], default=self.interval)
+        return min(max(own, self.probe_floor(live)), self.max_interval)
+
+    def probe_floor(self, live: int) -> int:
+        """The shortest back-off that keeps probes under `probe_budget` of the AR time at this
+        load: a probe costs a draft round, ~1 AR step at 64 requests on a CPU."""
+        if self.probe_budget <= 0:
+            return 1
+        step = self.profile.step_time(live, 1)
+        return math.ceil(self.profile.draft_time(live) / (self.probe_budget * step))
 
     def should_draft(self, live: int, max_cap: int | None = None) -> bool:
         """Before a round of `live` requests; `max_cap`: the most drafts any request may still
@@ -139,16 +185,30 @@ class DraftGate:
             return False
         return True
 
-    def observe(self, survival: Sequence[Sequence[float]]) -> None:
-        """After a drafted round (`survival [R][gamma]`): fold it into the prior, back off if
-        the round does not pay at this load."""
+    def observe(
+        self,
+        survival: Sequence[Sequence[float]],
+        verified: Sequence[int] | None = None,
+        accepted: Sequence[int] | None = None,
+    ) -> None:
+        """After a drafted round (`survival [R][gamma]`; `verified [R]` drafts verified and
+        `accepted [R]` drafts accepted per request, when known): fold it into the prior and
+        the realized rates, back off if the prior does not pay at this load."""
+        if verified is not None and accepted is not None:
+            d = self.realized_decay
+            self.predicted_sum = [d * x for x in self.predicted_sum]
+            self.realized_sum = [d * x for x in self.realized_sum]
+            for a, v, n in zip(survival, verified, accepted):
+                for j in range(min(v, self.gamma)):
+                    self.predicted_sum[j] += a[j]
+                    self.realized_sum[j] += float(n > j)
         mean = [sum(a[j] for a in survival) / len(survival) for j in range(self.gamma)]
         w = self.prior_weight
         self.prior = (
             mean if self.prior is None else [(1 - w) * p + w * m for p, m in zip(self.prior, mean)]
         )
         live = self.load = len(survival)
-        if self.pays(survival, self.lengths(survival, [self.gamma] * live)):
+        if self.prior_pays(live):
             self.skip_next[self.bucket(live)] = self.interval
         else:
             self.skip_left = self.backoff(live)

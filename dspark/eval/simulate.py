@@ -135,7 +135,7 @@ def simulate(
             lens = _lengths(policy, surv, caps, profile, gamma, threshold)
             drafted = True
             if gate is not None:
-                gate.observe(surv)
+                gate.observe(surv, lens, [min(t.accepted, n) for t, n in zip(trace, lens)])
         width = 1 + max(lens) if engine == "padded" else (r + sum(lens)) / r
         step = profile.step_time(r, width)
         clock += step + overhead_s + (profile.draft_time(r) if drafted else 0.0)
