@@ -135,3 +135,16 @@ def test_probe_floor_keeps_probes_under_their_budget():
     assert gate.skip_left == 20 and gate.backoff(8) == 40
     assert DraftGate(_profile(), gamma=2, max_interval=16).backoff(8) == 16  # capped
     assert DraftGate(_profile(), gamma=2, probe_budget=0.0).probe_floor(8) == 1
+
+
+def test_a_probe_replaces_the_prior_and_a_plain_round_averages_into_it():
+    gate = DraftGate(_profile(), gamma=2, interval=1, probe_budget=0.0, prior_weight=0.5)
+    assert gate.should_draft(8)
+    gate.observe([[0.9, 0.8]] * 8)  # loses at load 8: back off one round
+    assert not gate.should_draft(8) and gate.should_draft(8)  # ... then probe
+    gate.observe([[0.2, 0.1]] * 8)
+    assert gate.prior == pytest.approx([0.2, 0.1])  # the probe's survivals, not an average
+    gate.skip_left = 0
+    assert gate.should_draft(8)  # a plain (non-probe) drafted round
+    gate.observe([[0.4, 0.3]] * 8)
+    assert gate.prior == pytest.approx([0.3, 0.2])

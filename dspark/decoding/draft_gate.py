@@ -9,21 +9,24 @@ and the draft round is pure loss. The gate decides before each round whether to 
   requests; the prior) and corrects it by what verification realized: per depth, drafts
   accepted over survival predicted on the slots verified so far (the STS fit comes from other
   prompts). The correction is for pricing only; the scheduler keeps the draft's own survivals.
-- Pricing at `live` requests: expected committed tokens per second with the draft (the prior
-  for every request, the verify lengths the scheduler would pick, draft + verify time from the
+- Pricing at `live` requests: expected committed tokens per second with the draft (a round's
+  survivals, or the prior for every request; the verify lengths the scheduler would pick, draft + verify time from the
   SPS profile) against `live` tokens per plain AR step. Budgets are left out: a request near
   its end caps what any draft can add, which says nothing about the load (a round where every
   request has only its bonus token left does not draft at all).
-- After each drafted round, and whenever the load changes (a call starts, a request finishes
-  or joins), it prices the prior at the current load. Where it pays, the next round drafts
-  (a back-off in progress ends); where it does not, a back-off starts: the next `skip` rounds
-  are AR steps (no draft), then one probe round drafts again and refreshes the prior. Each
-  failed probe doubles `skip` (up to `max_interval`); a round that pays resets it to
+- After each drafted round it prices that round's own (corrected) survivals: acceptance is
+  autocorrelated (an easy stretch of text stays easy for a while), so the round just seen
+  predicts the next better than the average does. Whenever the load changes (a call starts, a
+  request finishes or joins) it prices the prior at the new load. Where the price pays, the
+  next round drafts (a back-off in progress ends); where it does not, a back-off starts: the
+  next `skip` rounds are AR steps (no draft), then one probe round drafts again and its
+  survivals replace the prior (the requests now live may differ from those the average was
+  made of). Each failed probe doubles `skip` (up to `max_interval`); a round that pays resets it to
   `interval`. `skip` is kept per load (power-of-two buckets of live requests: that drafting
   pays at load 1 says nothing about load 64); a load seen for the first time starts from the
   longest back-off of the lower loads; and it is never shorter than keeps probes under
   `probe_budget` of the AR time (a probe costs a draft round, ~1 AR step at 64 requests on a
-  CPU). The prior, not the round alone, decides: one lucky round says little about the next.
+  CPU).
 - Its state outlives a `generate` call, as a server's decoder learns its traffic; `reset()`
   forgets it.
 
@@ -98,6 +101,7 @@ class DraftGate:
         self.skip_next: dict[int, int] = {}  # load bucket -> back-off after its next failure
         self.prior: list[float] | None = None  # EMA of the mean survival curve [gamma]
         self.load: int | None = None  # live requests of the last round priced
+        self.probe_next = self.probing = False  # a probe's survivals replace the prior
         # decayed sums over verified slots per depth: survival predicted, drafts accepted
         self.predicted_sum = [0.0] * self.gamma
         self.realized_sum = [0.0] * self.gamma
@@ -182,7 +186,9 @@ class DraftGate:
                 self.skip_left = max(self.skip_left, self.backoff(live))
         if self.skip_left > 0:
             self.skip_left -= 1
+            self.probe_next = self.skip_left == 0  # the round after a back-off probes
             return False
+        self.probing, self.probe_next = self.probe_next, False
         return True
 
     def observe(
@@ -193,7 +199,7 @@ class DraftGate:
     ) -> None:
         """After a drafted round (`survival [R][gamma]`; `verified [R]` drafts verified and
         `accepted [R]` drafts accepted per request, when known): fold it into the prior and
-        the realized rates, back off if the prior does not pay at this load."""
+        the realized rates, back off if this round does not pay at this load."""
         if verified is not None and accepted is not None:
             d = self.realized_decay
             self.predicted_sum = [d * x for x in self.predicted_sum]
@@ -203,12 +209,13 @@ class DraftGate:
                     self.predicted_sum[j] += a[j]
                     self.realized_sum[j] += float(n > j)
         mean = [sum(a[j] for a in survival) / len(survival) for j in range(self.gamma)]
-        w = self.prior_weight
+        w = 1.0 if self.probing else self.prior_weight  # a probe re-learns the traffic now
+        self.probing = False
         self.prior = (
             mean if self.prior is None else [(1 - w) * p + w * m for p, m in zip(self.prior, mean)]
         )
         live = self.load = len(survival)
-        if self.prior_pays(live):
+        if self.priced(survival):
             self.skip_next[self.bucket(live)] = self.interval
         else:
             self.skip_left = self.backoff(live)
