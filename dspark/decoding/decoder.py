@@ -52,7 +52,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
-from dspark.decoding.draft_gate import DraftGate
+from dspark.decoding.draft_gate import (
+    MAX_PROBE_INTERVAL,
+    PROBE_BUDGET,
+    PROBE_INTERVAL,
+    DraftGate,
+)
 from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
 from dspark.decoding.live_batch import LiveBatch
 from dspark.decoding.observer import DecodeObserver
@@ -111,9 +116,9 @@ class SpeculativeDecoder:
         calibrate: bool = True,
         time_rounds: bool = True,
         skip_unprofitable_drafts: bool = True,
-        draft_probe_interval: int = 4,
-        max_draft_probe_interval: int = 64,
-        draft_probe_budget: float = 0.05,
+        draft_probe_interval: int = PROBE_INTERVAL,
+        max_draft_probe_interval: int = MAX_PROBE_INTERVAL,
+        draft_probe_budget: float = PROBE_BUDGET,
         observer: DecodeObserver | None = None,
         cpu_fast_paths: bool = True,
     ):
@@ -147,8 +152,8 @@ class SpeculativeDecoder:
 
             self.sps = load_or_measure(target, draft, gamma=self.gamma)
         self.draft_gate: DraftGate | None = None  # None: draft every round
-        if verify_policy == "scheduler" and skip_unprofitable_drafts and self.sps.draft_times:
-            self.draft_gate = DraftGate(
+        if verify_policy == "scheduler" and skip_unprofitable_drafts:
+            self.draft_gate = DraftGate.for_profile(
                 self.sps,
                 self.gamma,
                 ragged=scheduler_batch == "ragged",

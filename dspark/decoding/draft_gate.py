@@ -67,9 +67,15 @@ def expected_tokens_per_s(
     return tau / t_spec, live / profile.step_time(live, 1)
 
 
+# The gate's defaults, in one place (SpeculativeDecoder's keyword defaults read these).
+PROBE_INTERVAL = 4
+MAX_PROBE_INTERVAL = 64
+PROBE_BUDGET = 0.05
+
+
 class DraftGate:
-    """Back-off state plus a survival prior; `should_draft(live)` before a round,
-    `observe(survival, lengths)` after a drafted one (module docstring)."""
+    """Back-off state plus a survival prior; `should_draft(live, max_cap)` before a round,
+    `observe(survival, verified, accepted)` after a drafted one (module docstring)."""
 
     def __init__(
         self,
@@ -77,11 +83,11 @@ class DraftGate:
         gamma: int,
         *,
         ragged: bool = False,
-        interval: int = 4,
-        max_interval: int = 64,
+        interval: int = PROBE_INTERVAL,
+        max_interval: int = MAX_PROBE_INTERVAL,
         prior_weight: float = 0.2,
         realized_decay: float = 0.95,
-        probe_budget: float = 0.05,
+        probe_budget: float = PROBE_BUDGET,
     ):
         if interval < 1:
             raise ValueError(f"draft_probe_interval={interval}; use >= 1")
@@ -94,6 +100,16 @@ class DraftGate:
         schedule = SCHEDULERS["ragged" if ragged else "padded"]
         self._schedule: Callable[..., torch.Tensor] = schedule
         self.reset()
+
+    @classmethod
+    def for_profile(
+        cls, profile: SPSProfile, gamma: int, *, ragged: bool = False, **options
+    ) -> DraftGate | None:
+        """A gate for this profile, or None when it has no draft times (a draft round could not
+        be priced, so the scheduler drafts every round)."""
+        if not profile.draft_times:
+            return None
+        return cls(profile, gamma, ragged=ragged, **options)
 
     def reset(self) -> None:
         """Forget the back-off and the survival prior (a fresh decoder's state)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dspark.decoding.draft_gate import DraftGate
+from dspark.decoding.draft_gate import MAX_PROBE_INTERVAL, PROBE_INTERVAL, DraftGate
 from dspark.decoding.scheduler import schedule_padded, schedule_ragged
 from dspark.decoding.sps import SPSProfile
 
@@ -79,13 +79,24 @@ def _lengths(policy, surv, caps, profile, gamma, threshold):
 
 
 def new_gate(
-    policy: str, profile: SPSProfile, gamma: int, interval: int = 4, max_interval: int = 64
+    policy: str,
+    profile: SPSProfile,
+    gamma: int,
+    probe_interval: int = PROBE_INTERVAL,
+    max_probe_interval: int = MAX_PROBE_INTERVAL,
+    **_ignored,
 ) -> DraftGate | None:
-    """The decoder's draft gate for a scheduler policy (None: the policy drafts every round)."""
-    if not policy.startswith("scheduler") or not profile.draft_times:
+    """The decoder's draft gate for a scheduler policy (None: the policy drafts every round).
+    Takes `simulate`'s keyword arguments and uses the probe intervals among them."""
+    if not policy.startswith("scheduler"):
         return None
-    ragged = policy == "scheduler_ragged"
-    return DraftGate(profile, gamma, ragged=ragged, interval=interval, max_interval=max_interval)
+    return DraftGate.for_profile(
+        profile,
+        gamma,
+        ragged=policy == "scheduler_ragged",
+        interval=probe_interval,
+        max_interval=max_probe_interval,
+    )
 
 
 def simulate(
@@ -98,8 +109,8 @@ def simulate(
     threshold: float = 0.5,
     engine: str = "padded",
     overhead_s: float = 0.0,
-    probe_interval: int = 4,
-    max_probe_interval: int = 64,
+    probe_interval: int = PROBE_INTERVAL,
+    max_probe_interval: int = MAX_PROBE_INTERVAL,
     skip_drafts: bool = True,
     gate: DraftGate | None = None,
 ) -> dict:
@@ -182,8 +193,7 @@ def predict(
         streams = traces.get(load) or pooled
         for policy in policies:
             if policy not in gates:
-                ivals = kw.get("probe_interval", 4), kw.get("max_probe_interval", 64)
-                gates[policy] = new_gate(policy, profile, gamma, *ivals)
+                gates[policy] = new_gate(policy, profile, gamma, **kw)
             out.append(simulate(streams, load, policy, profile, gate=gates[policy], **kw))
     return out
 
