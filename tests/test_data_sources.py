@@ -174,3 +174,31 @@ def test_embedded_prompts_same_in_a_fresh_process():
 def test_missing_files_are_named_not_sent_to_the_hub(source):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_prompts(source)
+
+
+def test_row_selection_skips_filters_and_keeps_source_row_numbers(tmp_path):
+    from dspark.data.sources import RowSelection
+    from dspark.errors import BadInputError
+
+    src = ["gsm8k-train", "t0:x", "gsm8k-train", "t0:y", "gsm8k-train", "gsm8k-train"]
+    rows = [{"turns": [f"q{i}"], "source": s} for i, s in enumerate(src)]
+    rows[4] = {"turns": [], "source": "gsm8k-train"}  # matches the filter, then is rejected
+    f = tmp_path / "mix.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for path in (str(f), str(tmp_path / "saved")):
+        if path.endswith("saved"):
+            import datasets
+
+            datasets.Dataset.from_list(rows).save_to_disk(path)
+        sel = RowSelection.parse(limit=2, skip=1, where=["source=gsm8k-train"])
+        ps = load_prompts(path, selection=sel)
+        # rows 2 and 4 match after row 1; row 4 is rejected and still counts toward the limit
+        assert [r["index"] for r in ps.rows] == [2] and [r.index for r in ps.rejected] == [4]
+        assert ps.source.endswith("from row 1 where source=gsm8k-train")
+        everything = load_prompts(path, selection=RowSelection.parse(where=["source=t0:y"]))
+        assert [r["index"] for r in everything.rows] == [3]
+        assert load_prompts(path, limit=3).source == load_prompts(path).source  # plain limit
+        with pytest.raises(BadInputError, match="no row .* has a field 'kind'"):
+            load_prompts(path, selection=RowSelection.parse(where=["kind=math"]))
+    with pytest.raises(BadInputError, match="KEY=VALUE"):
+        RowSelection.parse(where=["source"])

@@ -49,7 +49,20 @@ def regenerate_main(argv=None) -> int:
     p.add_argument("--split", default="train")
     p.add_argument("--config-name", default=None, help="hub dataset config name")
     p.add_argument("--output", required=True, help="output directory")
-    p.add_argument("--limit", type=int, default=None, help="use the first N source rows")
+    p.add_argument("--limit", type=int, default=None, help="use the first N (selected) source rows")
+    p.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="skip the first N source rows (e.g. rows an earlier job regenerated into another dir)",
+    )
+    p.add_argument(
+        "--where",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="keep only rows whose field KEY equals VALUE, e.g. source=gsm8k-train (repeatable)",
+    )
     p.add_argument(
         "--backend",
         default="decoder",
@@ -121,11 +134,12 @@ def regenerate_main(argv=None) -> int:
     import torch
 
     from dspark.data.regenerate import SamplingConfig, regenerate
-    from dspark.data.sources import load_prompts
+    from dspark.data.sources import RowSelection, load_prompts
 
     if a.num_threads:
         torch.set_num_threads(a.num_threads)
-    prompts = load_prompts(a.input, split=a.split, limit=a.limit, name=a.config_name)
+    selection = RowSelection.parse(limit=a.limit, skip=a.skip, where=a.where)
+    prompts = load_prompts(a.input, split=a.split, name=a.config_name, selection=selection)
     for note in prompts.notes:
         print("note:", note, file=sys.stderr)
     if prompts.rejected:

@@ -187,16 +187,80 @@ def normalize_row(row: Any) -> list[dict]:
     )
 
 
-def normalize_rows(rows, source: str = "<rows>", limit: int | None = None) -> PromptSet:
-    """Normalise an iterable of raw rows, keeping a report of the rejected ones."""
-    out = PromptSet(source=source)
+@dataclass(frozen=True)
+class RowSelection:
+    """Which source rows a job uses: skip the first `skip`, keep those whose fields equal every
+    `where` value (e.g. `{"source": "gsm8k-train"}` in a mixed prompt file), then the first
+    `limit` of what is left. Rows keep their source row number as `index`, so two selections
+    of one file never collide and a resumed job finds its rows again."""
+
+    limit: int | None = None
+    skip: int = 0
+    where: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(
+        cls, limit: int | None = None, skip: int = 0, where: list[str] | None = None
+    ) -> RowSelection:
+        """From CLI strings `KEY=VALUE` (repeatable)."""
+        pairs = []
+        for w in where or []:
+            key, sep, value = w.partition("=")
+            if not sep or not key:
+                raise BadInputError(f"--where {w!r}: expected KEY=VALUE, e.g. source=gsm8k-train")
+            pairs.append((key, value))
+        if skip < 0 or (limit is not None and limit < 0):
+            raise BadInputError(f"--skip {skip} / --limit {limit}: must be >= 0")
+        return cls(limit=limit, skip=skip, where=tuple(pairs))
+
+    def describe(self, source: str) -> str:
+        """The source's identity for resume checks: another selection is another job."""
+        parts = [source]
+        if self.skip:
+            parts.append(f"from row {self.skip}")
+        parts += [f"where {k}={v}" for k, v in self.where]
+        return " ".join(parts)
+
+    def matches(self, row: Any) -> bool:
+        get = row.get if isinstance(row, dict) else (lambda k: None)
+        return all(str(get(k)) == v for k, v in self.where)
+
+
+def normalize_rows(
+    rows, source: str = "<rows>", limit: int | None = None, selection: RowSelection | None = None
+) -> PromptSet:
+    """Normalise an iterable of raw rows, keeping a report of the rejected ones.
+
+    `limit` alone keeps the first `limit` rows; `selection` (which overrides it) also skips
+    and filters. Rejected rows count toward the limit, filtered-out rows do not."""
+    sel = selection if selection is not None else RowSelection(limit=limit)
+    out = PromptSet(source=sel.describe(source))
+    taken = 0
+    keys_seen = {k: False for k, _ in sel.where}
     for i, row in enumerate(rows):
-        if limit is not None and i >= limit:
+        if sel.limit is not None and taken >= sel.limit:
             break
+        if i < sel.skip:
+            continue
+        if sel.where and not isinstance(row, _BadLine):
+            for k in keys_seen:
+                keys_seen[k] = keys_seen[k] or (isinstance(row, dict) and k in row)
+            if not sel.matches(row):
+                continue
+        taken += 1
+        if isinstance(row, _BadLine):
+            out.rejected.append(RejectedRow(i, row.reason))
+            continue
         try:
             out.rows.append(_normalized(i, row))
         except MalformedRow as e:
             out.rejected.append(RejectedRow(i, str(e)))
+    missing = [k for k, seen in keys_seen.items() if not seen]
+    if missing:
+        raise BadInputError(
+            f"--where {missing[0]}=...: no row of {source} has a field {missing[0]!r}; "
+            "use a field its rows have (e.g. `source` in ../shared/data/prompts/train_mix.jsonl)"
+        )
     return out
 
 
@@ -228,21 +292,6 @@ def _read_jsonl_lines(path: Path):
 class _BadLine:
     def __init__(self, reason: str):
         self.reason = reason
-
-
-def _normalize_with_bad_lines(rows, source: str, limit: int | None) -> PromptSet:
-    out = PromptSet(source=source)
-    for i, row in enumerate(rows):
-        if limit is not None and i >= limit:
-            break
-        if isinstance(row, _BadLine):
-            out.rejected.append(RejectedRow(i, row.reason))
-            continue
-        try:
-            out.rows.append(_normalized(i, row))
-        except MalformedRow as e:
-            out.rejected.append(RejectedRow(i, str(e)))
-    return out
 
 
 def load_raw_dataset(source: str, split: str = "train", name: str | None = None):
@@ -278,7 +327,11 @@ def load_raw_dataset(source: str, split: str = "train", name: str | None = None)
 
 
 def load_prompts(
-    source: str, split: str = "train", limit: int | None = None, name: str | None = None
+    source: str,
+    split: str = "train",
+    limit: int | None = None,
+    name: str | None = None,
+    selection: RowSelection | None = None,
 ) -> PromptSet:
     """Load and normalise a prompt source.
 
@@ -287,21 +340,25 @@ def load_prompts(
     `NAME=PATH` for a local copy of one), a local
     .json/.jsonl/.parquet/.arrow/.csv file, a `save_to_disk` directory, a data directory,
     or a hub dataset name (needs network, or the HF datasets cache when offline).
-    `limit` keeps the first `limit` source rows (rejected ones included in the count).
+    `limit` keeps the first `limit` source rows (rejected ones included in the count);
+    `selection` (`RowSelection`: skip, where, limit) overrides it.
     """
+    sel = selection if selection is not None else RowSelection(limit=limit)
+    # Without a filter only the first skip + limit rows are read (a prefix of a big set).
+    prefix = None if sel.where or sel.limit is None else sel.skip + sel.limit
     if source == "embedded":
         from dspark.data.embedded import embedded_prompts
 
-        return normalize_rows(embedded_prompts(split), source=f"embedded:{split}", limit=limit)
+        return normalize_rows(embedded_prompts(split), source=f"embedded:{split}", selection=sel)
     from dspark.data.presets import load_preset_dataset, parse_preset
 
     preset = parse_preset(source)  # a named public set: `ultrachat`, or `ultrachat=/local/copy`
     if preset is not None:
         ds = load_preset_dataset(*preset, split=split)
-        if limit is not None:
-            ds = ds.select(range(min(limit, len(ds))))
+        if prefix is not None:
+            ds = ds.select(range(min(prefix, len(ds))))
         return normalize_rows(
-            ds, source=f"preset:{preset[0].name} ({preset[1] or preset[0].hub_id})"
+            ds, source=f"preset:{preset[0].name} ({preset[1] or preset[0].hub_id})", selection=sel
         )
     path = Path(source).expanduser()
     try:
@@ -309,18 +366,20 @@ def load_prompts(
     except Exception as e:  # arrow cannot unify the rows' types, or a line is not JSON
         if path.is_file() and path.suffix.lower() in (".json", ".jsonl"):
             rows = _read_jsonl_lines(path) if path.suffix.lower() == ".jsonl" else _read_json(path)
-            out = _normalize_with_bad_lines(rows, str(path), limit)
+            out = normalize_rows(rows, str(path), selection=sel)
             out.notes.append(
                 f"`datasets` could not load {path} ({type(e).__name__}: {str(e)[:200]}); "
                 "read it row by row with the json module instead"
             )
             return out
         raise
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
+    if prefix is not None:
+        ds = ds.select(range(min(prefix, len(ds))))
     # A local file is named by its absolute path, so a resumed run started from another
     # directory (or with `../x` vs `/abs/x`) is recognised as the same source.
-    return normalize_rows(ds, source=str(path.resolve()) if path.exists() else str(source))
+    return normalize_rows(
+        ds, source=str(path.resolve()) if path.exists() else str(source), selection=sel
+    )
 
 
 def _read_json(path: Path):
