@@ -336,6 +336,20 @@ def test_cli_end_to_end_with_tokenize(tmp_path, tiny_target_dir):
     assert tokenize_main(tok_args + ["--max-length", "256"]) == 0
     ds2 = datasets.load_from_disk(str(again))
     assert ds2["input_ids"] == ds["input_ids"] and ds2["loss_mask"] == ds["loss_mask"]
+    # several sources joined by commas: one set, their rows in that order, rejects of each
+    joined = tmp_path / "joined"
+    both = f"{out / OUTPUT},{src}"
+    assert tokenize_main(["--target", "tiny-llama", "--input", both, "--output", str(joined)]) == 0
+    ds3 = datasets.load_from_disk(str(joined))
+    alone = tmp_path / "src_alone"
+    assert (
+        tokenize_main(["--target", "tiny-llama", "--input", str(src), "--output", str(alone)]) == 0
+    )
+    ds4 = datasets.load_from_disk(str(alone))
+    assert len(ds3) == len(ds) + len(ds4) and len(ds4) > 0
+    for col in ("input_ids", "loss_mask"):
+        assert list(ds3[col]) == list(ds2[col]) + list(ds4[col])
+    assert [r["index"] for r in read(joined / "rejected.jsonl")] == [4]
 
 
 def test_per_row_sampling_ignores_batch_neighbours(backend):

@@ -246,7 +246,8 @@ def tokenize_main(argv=None) -> int:
     p.add_argument(
         "--input",
         required=True,
-        help="regenerated.jsonl (or any prompt source whose rows have assistant turns)",
+        help="regenerated.jsonl (or any prompt source whose rows have assistant turns); "
+        "several joined by commas become one set, in that order",
     )
     p.add_argument("--output", required=True, help="directory for save_to_disk + manifest.json")
     p.add_argument("--chat-template-kwargs", type=_json_arg, default=None)

@@ -23,6 +23,7 @@ from dspark.data.masks import (
     template_of,
     unmask_cut_turns,
 )
+from dspark.errors import BadInputError
 
 MANIFEST = "manifest.json"
 PREFLIGHT_ROWS = 32
@@ -183,22 +184,29 @@ def tokenize_file(
     chat_template_kwargs=None,
     tokenizer=None,
 ) -> dict:
-    """Tokenize a regenerated JSONL (or any prompt source whose rows have assistant turns)."""
+    """Tokenize a regenerated JSONL (or any prompt source whose rows have assistant turns).
+
+    `input_path` may join several sources with commas: their rows are tokenized into one set,
+    in that order (one set is what a feature cache and `data.features` take)."""
     from dspark.data.sources import load_prompts
 
     if tokenizer is None:
         from dspark.target import load_tokenizer
 
         tokenizer = load_tokenizer(target)
-    prompts = load_prompts(input_path)
+    sources = [p.strip() for p in str(input_path).split(",") if p.strip()]
+    if not sources:
+        raise BadInputError(f"--input {input_path!r} names no source")
+    sets = [load_prompts(src) for src in sources]
+    rows = [row for ps in sets for row in ps.rows]
     ds, stats = tokenize_rows(
-        prompts.rows,
+        rows,
         tokenizer,
         max_length=max_length,
         method=method,
         chat_template_kwargs=chat_template_kwargs,
     )
-    stats["rejected_rows"] = len(prompts.rejected)
+    stats["rejected_rows"] = sum(len(ps.rejected) for ps in sets)
     save_tokenized(
         ds,
         output_dir,
@@ -209,6 +217,9 @@ def tokenize_file(
         source=str(input_path),
         extra={"chat_template_kwargs": chat_template_kwargs or {}},
     )
-    if prompts.rejected:
-        prompts.write_rejected(Path(output_dir) / "rejected.jsonl")
+    if stats["rejected_rows"]:
+        with open(Path(output_dir) / "rejected.jsonl", "w", encoding="utf-8") as f:
+            for ps in sets:
+                for r in ps.rejected:
+                    f.write(json.dumps({"source": ps.source, **r.to_dict()}) + "\n")
     return stats
