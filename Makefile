@@ -65,19 +65,35 @@ quickstart: setup
 # A draft that pays off (recipes/smollm2.yaml; README: figures). Budget: <= 2 h on 2 cores.
 SM_DATA := runs/data/smollm2
 SM_MIX ?= ../shared/data/prompts/train_mix.jsonl
-SM_MIX_ROWS ?= 385
+SM_MIX_ROWS ?= 640
+SM_GSM8K_ROWS ?= 1792
 SM_EMBEDDED_ROWS ?= 480
 SM_BENCH_PROMPTS ?= 40
+comma := ,
+space := $(subst ,, )
+SM_REGEN := $(REGEN_FAST) --max-new-tokens 256 --max-length 1024
+# One tokenized set of all three answered sets (a feature cache takes one set), cached once.
+SM_TRAIN := $(SM_DATA)/train_e$(SM_EMBEDDED_ROWS)_m$(SM_MIX_ROWS)_g$(SM_GSM8K_ROWS)_s
 smollm2: setup
 	$(PY) data_scripts/prepare_target.py
-	$(REGEN_FAST) --input embedded --split test --limit 48 --max-new-tokens 256 \
-		--max-length 1024 --output $(SM_DATA)/embedded_test
-	$(REGEN_FAST) --input embedded --split train --limit $(SM_EMBEDDED_ROWS) --max-new-tokens 256 \
-		--max-length 1024 --output $(SM_DATA)/embedded_train
-	$(REGEN_FAST) --input $(SM_MIX) --limit $(SM_MIX_ROWS) --max-new-tokens 256 \
-		--max-length 1024 --output $(SM_DATA)/train_mix
+	$(SM_REGEN) --input embedded --split test --limit 48 --output $(SM_DATA)/embedded_test
+	$(SM_REGEN) --input embedded --split train --limit $(SM_EMBEDDED_ROWS) \
+		--output $(SM_DATA)/embedded_train
+	$(SM_REGEN) --input $(SM_MIX) --limit $(SM_MIX_ROWS) --output $(SM_DATA)/train_mix
+	@# Past the mixed rows: every other self-instruct seed task, and more GSM8K-train questions
+	@# (short prompts, so cheap to answer here).
+	$(SM_REGEN) --input $(SM_MIX) --skip $(SM_MIX_ROWS) --where source=self-instruct-seed \
+		--output $(SM_DATA)/self_instruct
+	$(SM_REGEN) --input $(SM_MIX) --skip $(SM_MIX_ROWS) --where source=gsm8k-train \
+		--limit $(SM_GSM8K_ROWS) --output $(SM_DATA)/gsm8k_train
+	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --output $(SM_TRAIN) \
+		--input $(subst $(space),$(comma),$(foreach d,embedded_train train_mix self_instruct \
+		gsm8k_train,$(SM_DATA)/$(d)/regenerated.jsonl))
+	$(CACHE) --data $(SM_TRAIN) --output $(SM_TRAIN)_features
+	$(CACHE) --data $(SM_DATA)/embedded_test/tokenized --output $(SM_DATA)/embedded_test/features
 	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no \
-		--dynamo_backend no train/distill.py recipe=smollm2
+		--dynamo_backend no train/distill.py recipe=smollm2 data.train=$(SM_TRAIN) \
+		data.features=$(SM_TRAIN)_features data.eval_features=$(SM_DATA)/embedded_test/features
 	$(PY) eval/benchmark.py draft=runs/smollm2/draft datasets=[gsm8k,humaneval,mt-bench] \
 		num_prompts=$(SM_BENCH_PROMPTS) dtype=bfloat16 draft_dtype=bfloat16 \
 		output_dir=runs/smollm2/benchmark
