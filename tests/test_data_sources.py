@@ -200,5 +200,7 @@ def test_row_selection_skips_filters_and_keeps_source_row_numbers(tmp_path):
         assert load_prompts(path, limit=3).source == load_prompts(path).source  # plain limit
         with pytest.raises(BadInputError, match="no row .* has a field 'kind'"):
             load_prompts(path, selection=RowSelection.parse(where=["kind=math"]))
+    with pytest.raises(BadInputError, match="--skip 6: .* has only 6 rows"):
+        load_prompts(str(f), selection=RowSelection.parse(skip=6, where=["source=t0:x"]))
     with pytest.raises(BadInputError, match="KEY=VALUE"):
         RowSelection.parse(where=["source"])

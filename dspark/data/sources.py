@@ -237,9 +237,11 @@ def normalize_rows(
     out = PromptSet(source=sel.describe(source))
     taken = 0
     keys_seen = {k: False for k, _ in sel.where}
+    n_rows = 0
     for i, row in enumerate(rows):
         if sel.limit is not None and taken >= sel.limit:
             break
+        n_rows = i + 1
         if i < sel.skip:
             continue
         if sel.where and not isinstance(row, _BadLine):
@@ -255,6 +257,10 @@ def normalize_rows(
             out.rows.append(_normalized(i, row))
         except MalformedRow as e:
             out.rejected.append(RejectedRow(i, str(e)))
+    if sel.skip and n_rows <= sel.skip:
+        raise BadInputError(
+            f"--skip {sel.skip}: {source} has only {n_rows} rows, so none is left; skip fewer rows"
+        )
     missing = [k for k, seen in keys_seen.items() if not seen]
     if missing:
         raise BadInputError(
