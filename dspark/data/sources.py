@@ -71,11 +71,15 @@ class PromptSet:
 
     def write_rejected(self, path: str | os.PathLike) -> None:
         """Write the per-row report of rejected rows as JSONL (empty file when none)."""
-        with open(path, "w", encoding="utf-8") as f:
-            for r in self.rejected:
-                f.write(
-                    json.dumps({"source": self.source, **r.to_dict()}, ensure_ascii=False) + "\n"
-                )
+        write_rejected([self], path)
+
+
+def write_rejected(sets: list[PromptSet], path: str | os.PathLike) -> None:
+    """One JSONL report of the rejected rows of several prompt sets, each naming its source."""
+    with open(path, "w", encoding="utf-8") as f:
+        for ps in sets:
+            for r in ps.rejected:
+                f.write(json.dumps({"source": ps.source, **r.to_dict()}, ensure_ascii=False) + "\n")
 
 
 def _present(row: dict, key: str) -> bool:
@@ -227,13 +231,13 @@ class RowSelection:
 
 
 def normalize_rows(
-    rows, source: str = "<rows>", limit: int | None = None, selection: RowSelection | None = None
+    rows, source: str = "<rows>", selection: RowSelection | None = None
 ) -> PromptSet:
     """Normalise an iterable of raw rows, keeping a report of the rejected ones.
 
-    `limit` alone keeps the first `limit` rows; `selection` (which overrides it) also skips
-    and filters. Rejected rows count toward the limit, filtered-out rows do not."""
-    sel = selection if selection is not None else RowSelection(limit=limit)
+    `selection` skips, filters and limits (default: every row). Rejected rows count toward
+    the limit, filtered-out rows do not."""
+    sel = selection if selection is not None else RowSelection()
     out = PromptSet(source=sel.describe(source))
     taken = 0
     keys_seen = {k: False for k, _ in sel.where}

@@ -188,7 +188,7 @@ def tokenize_file(
 
     `input_path` may join several sources with commas: their rows are tokenized into one set,
     in that order (one set is what a feature cache and `data.features` take)."""
-    from dspark.data.sources import load_prompts
+    from dspark.data.sources import load_prompts, write_rejected
 
     if tokenizer is None:
         from dspark.target import load_tokenizer
@@ -218,8 +218,5 @@ def tokenize_file(
         extra={"chat_template_kwargs": chat_template_kwargs or {}},
     )
     if stats["rejected_rows"]:
-        with open(Path(output_dir) / "rejected.jsonl", "w", encoding="utf-8") as f:
-            for ps in sets:
-                for r in ps.rejected:
-                    f.write(json.dumps({"source": ps.source, **r.to_dict()}) + "\n")
+        write_rejected(sets, Path(output_dir) / "rejected.jsonl")
     return stats

@@ -84,10 +84,8 @@ def new_gate(
     gamma: int,
     probe_interval: int = PROBE_INTERVAL,
     max_probe_interval: int = MAX_PROBE_INTERVAL,
-    **_ignored,
 ) -> DraftGate | None:
-    """The decoder's draft gate for a scheduler policy (None: the policy drafts every round).
-    Takes `simulate`'s keyword arguments and uses the probe intervals among them."""
+    """The decoder's draft gate for a scheduler policy (None: the policy drafts every round)."""
     if not policy.startswith("scheduler"):
         return None
     return DraftGate.for_profile(
@@ -193,7 +191,8 @@ def predict(
         streams = traces.get(load) or pooled
         for policy in policies:
             if policy not in gates:
-                gates[policy] = new_gate(policy, profile, gamma, **kw)
+                intervals = {k: kw[k] for k in ("probe_interval", "max_probe_interval") if k in kw}
+                gates[policy] = new_gate(policy, profile, gamma, **intervals)
             out.append(simulate(streams, load, policy, profile, gate=gates[policy], **kw))
     return out
 
