@@ -187,11 +187,11 @@ def predict(
     out = []
     gates: dict[str, DraftGate | None] = {}  # one per policy, carried across loads in order
     gamma = len(pooled[0][0].survival) if pooled else 0
+    intervals = {k: kw[k] for k in ("probe_interval", "max_probe_interval") if k in kw}
     for load in loads:
         streams = traces.get(load) or pooled
         for policy in policies:
             if policy not in gates:
-                intervals = {k: kw[k] for k in ("probe_interval", "max_probe_interval") if k in kw}
                 gates[policy] = new_gate(policy, profile, gamma, **intervals)
             out.append(simulate(streams, load, policy, profile, gate=gates[policy], **kw))
     return out
