@@ -1,0 +1,72 @@
+"""File writing shared by every writer: strict JSON, atomic replacement, the user's umask.
+
+Some writers (transformers' `save_pretrained`, `tempfile.mkstemp` / `mkdtemp`) create files
+0600 and directories 0700, so a draft or export would be unreadable by the user's group even
+where every other file they write is not; `apply_umask` gives such a tree the modes an ordinary
+`open()` / `mkdir()` would have given it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | os.PathLike) -> None:
+    """Set `path` (a file, or a directory and everything below it) to the modes a plain
+    `open()` (0666) or `mkdir()` (0777) gives under the process umask."""
+    mask = current_umask()
+    root = Path(path)
+    if not root.is_dir():
+        root.chmod(0o666 & ~mask)
+        return
+    root.chmod(0o777 & ~mask)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            (Path(dirpath) / d).chmod(0o777 & ~mask)
+        for f in filenames:
+            (Path(dirpath) / f).chmod(0o666 & ~mask)
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None: `json.dumps` would write bare
+    `NaN` / `Infinity`, which strict JSON readers (jq, JavaScript, Go) reject."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def dumps_strict(value: Any, **kwargs) -> str:
+    """Strict JSON text (`allow_nan=False` after `finite_json`): NaN / inf become null."""
+    return json.dumps(finite_json(value), allow_nan=False, **kwargs)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` to `path` through a temporary sibling and a rename: a reader (or a run
+    killed mid-write) never sees half a file. The file gets the umask's mode."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~current_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
