@@ -83,7 +83,8 @@ def tokenize(argv: list[str] | None = None) -> None:
 
 
 def export(argv: list[str] | None = None) -> None:
-    """Export a draft for serving engines; exit 1 when it is refused (dspark/export/cli.py)."""
+    """Export a draft for serving engines (dspark/export/cli.py); a refusal is one
+    `export: error: ...` line and exit status 2."""
     from dspark.export.cli import export_main
 
     with user_errors("export"):
@@ -106,6 +107,20 @@ def _distill_job(cfg) -> float:
     return float(results["final_eval"].get("eval/loss", float("nan")))  # for sweepers
 
 
+# The config groups of conf/config.yaml's defaults list (plus `recipe`), whose choices are files.
+DISTILL_GROUPS = ("target", "draft", "data", "objective", "optim", "trainer", "tracking")
+
+
+def check_distill_overrides(args: list[str], conf: Path, recipes: Path) -> None:
+    """One `error:` line for a misspelt key, a mistyped value or an unknown group choice."""
+    from dspark.overrides import check_overrides
+    from dspark.training.schema import DistillConfig
+
+    groups = {g: [p.stem for p in (conf / g).glob("*.yaml")] for g in DISTILL_GROUPS}
+    groups["recipe"] = [p.stem for p in recipes.glob("*.yaml")]
+    check_overrides(args, DistillConfig, groups)
+
+
 def distill(checkout: Path | None = None) -> None:
     """Hydra main of `train/distill.py`: compose `conf/` + `recipe=NAME` + overrides, train."""
     import hydra
@@ -114,7 +129,9 @@ def distill(checkout: Path | None = None) -> None:
 
     with user_errors("distill"):
         conf = _dir(checkout, "conf")
-        register_configs(_dir(checkout, "recipes"))
+        recipes = _dir(checkout, "recipes")
+        register_configs(recipes)
+        check_distill_overrides(sys.argv[1:], conf, recipes)
     hydra.main(version_base=None, config_path=str(conf.resolve()), config_name="config")(
         _distill_job
     )()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from dspark.errors import BadInputError
 from dspark.modeling.layers import DSparkDecoderLayer
 from dspark.target.capture import base_model
 
@@ -94,12 +95,15 @@ def warm_start_from_target(
         else default_init_layers(n_target, cfg.num_hidden_layers)
     )
     if len(ids) != cfg.num_hidden_layers:
-        raise ValueError(
+        raise BadInputError(
             f"draft.init_layers has {len(ids)} ids but the draft has {cfg.num_hidden_layers} layers"
         )
     bad = [i for i in ids if not 0 <= i < n_target]
     if bad:
-        raise ValueError(f"draft.init_layers {bad} are not layers of a {n_target}-layer target")
+        raise BadInputError(
+            f"draft.init_layers {bad} are not layers of a {n_target}-layer target: name ids "
+            f"in 0..{n_target - 1}, or null for the last ones"
+        )
     needs_calib = any(getattr(base.layers[i].self_attn, "q_norm", None) is None for i in ids)
     rms = {}
     if needs_calib:

@@ -22,7 +22,6 @@ CALIBRATION_TEXT = (
 
 def build_draft(cfg, device: torch.device):
     """The frozen target, its tokenizer, and the draft (fresh from the target, or `init_from`)."""
-    from dspark.config import DSparkConfig, choose_mask_token_id
     from dspark.modeling import DSparkDraftModel
 
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
@@ -32,29 +31,19 @@ def build_draft(cfg, device: torch.device):
 
         draft = load_draft(d.init_from).train()  # names the layouts it knows on a bad dir
         if draft.config.hidden_size != target.config.hidden_size:
-            raise ValueError(
+            raise BadInputError(
                 f"draft.init_from={d.init_from} was trained for a target of hidden size "
                 f"{draft.config.hidden_size}, but {cfg.target.name} has "
                 f"{target.config.hidden_size}"
             )
         draft.freeze_target_copies()
     else:
-        config = DSparkConfig.from_target_config(
-            target.config,
-            num_hidden_layers=d.num_hidden_layers,
-            block_size=d.block_size,
-            target_layer_ids=list(d.target_layer_ids) if d.target_layer_ids is not None else None,
-            num_target_features=d.num_target_layers_tapped,
-            mask_token_id=d.mask_token_id
-            if d.mask_token_id is not None
-            else choose_mask_token_id(tokenizer, target.config.vocab_size),
-            num_anchors=d.num_anchors,
-            markov_rank=d.markov_rank,
-            markov_head_type=d.markov_head_type,
-            enable_confidence_head=d.enable_confidence_head,
-            confidence_head_with_markov=d.confidence_head_with_markov,
-            target_name_or_path=cfg.target.name,
-        )
+        try:
+            config = _draft_config(cfg, target, tokenizer)
+        except ValueError as e:  # DSparkConfig's own checks on values the user chose
+            raise BadInputError(
+                f"draft settings: {e} (the draft.* keys of the run config)"
+            ) from None
         draft = DSparkDraftModel.from_target(target, config)
         if d.init == "target_layers":
             from dspark.modeling.warm_start import warm_start_from_target
@@ -68,6 +57,29 @@ def build_draft(cfg, device: torch.device):
         apply_lora(draft, lora.r, lora.alpha, lora.target_modules, lora.dropout)
     draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)
     return target, tokenizer, draft.to(device)
+
+
+def _draft_config(cfg, target, tokenizer):
+    """A fresh draft's model config from the run config's `draft.*` keys and the target."""
+    from dspark.config import DSparkConfig, choose_mask_token_id
+
+    d = cfg.draft
+    return DSparkConfig.from_target_config(
+        target.config,
+        num_hidden_layers=d.num_hidden_layers,
+        block_size=d.block_size,
+        target_layer_ids=list(d.target_layer_ids) if d.target_layer_ids is not None else None,
+        num_target_features=d.num_target_layers_tapped,
+        mask_token_id=d.mask_token_id
+        if d.mask_token_id is not None
+        else choose_mask_token_id(tokenizer, target.config.vocab_size),
+        num_anchors=d.num_anchors,
+        markov_rank=d.markov_rank,
+        markov_head_type=d.markov_head_type,
+        enable_confidence_head=d.enable_confidence_head,
+        confidence_head_with_markov=d.confidence_head_with_markov,
+        target_name_or_path=cfg.target.name,
+    )
 
 
 def build_objective_for(cfg, target, draft_config):
@@ -100,6 +112,20 @@ def regenerate_if_missing(cfg, target, tokenizer) -> None:
     train = Path(d.train).expanduser()
     if train.exists() or not d.prompts:
         return
+    out = train.parent
+    others = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if others and not (out / "run.json").is_file():  # run.json: an earlier regeneration's
+        raise BadInputError(
+            f"data.train={d.train} does not exist, and regenerating data.prompts={d.prompts} "
+            f"into it would write into {out}, which holds other files ({', '.join(others[:4])}"
+            f"{', ...' if len(others) > 4 else ''}). Check the path for a typo, or point "
+            "data.train at a new directory (DIR/tokenized)"
+        )
+    print(
+        f"data.train={d.train} does not exist: regenerating data.prompts={d.prompts} with the "
+        f"target into {out}, then tokenizing it into {train}",
+        flush=True,
+    )
     from dspark.data.decoder_backend import DecoderBackend
     from dspark.data.regenerate import SamplingConfig, regenerate
     from dspark.data.sources import load_prompts
@@ -152,6 +178,49 @@ def open_feature_caches(cfg, target, draft_config):
     return tuple(caches)
 
 
+def check_tokenized_for(data_dir: Path, tokenizer, target_name: str) -> None:
+    """Refuse a tokenized set made with another tokenizer or chat template than the run's
+    target (its `manifest.json` records both hashes): its ids would mean other tokens, and
+    its loss mask other turns. A set without a manifest (made by other tools) is taken as is."""
+    from dspark.data.tokenize import MANIFEST, chat_template_hash, tokenizer_hash
+
+    path = data_dir / MANIFEST
+    if tokenizer is None or not path.is_file():
+        return
+    import json
+
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BadInputError(f"{path} is not valid JSON ({e}): re-tokenize the set") from None
+    for what, key, ours in (
+        ("tokenizer", "tokenizer_hash", tokenizer_hash),
+        ("chat template", "chat_template_hash", chat_template_hash),
+    ):
+        theirs = manifest.get(key)
+        if theirs is not None and theirs != ours(tokenizer):
+            raise BadInputError(
+                f"{data_dir} was tokenized for target {manifest.get('target')!r}, whose {what} "
+                f"differs from target.name={target_name!r}'s: train with "
+                f"target.name={manifest.get('target')}, or tokenize the set for this target "
+                f"(python data_scripts/tokenize_data.py --target {target_name} ...)"
+            )
+
+
+def check_split(rows: int, eval_fraction: float, train: str) -> None:
+    """The held-out carve-off leaves at least one row on each side (datasets' own error
+    names `test_size`, a key the user never set)."""
+    import math
+
+    held_out = math.ceil(rows * eval_fraction)
+    if eval_fraction <= 0 or held_out < 1 or rows - held_out < 1:
+        raise BadInputError(
+            f"data.train={train} has {rows} row(s): data.eval_fraction={eval_fraction} carves "
+            f"{held_out} held-out row(s) off it, leaving {rows - held_out} to train on. Use more "
+            "rows, another data.eval_fraction, or a held-out set of its own (data.eval=DIR)"
+        )
+
+
 def load_datasets(cfg, tokenizer, target=None, draft_config=None):
     """Train and held-out splits of a tokenized dataset dir (`input_ids`, `loss_mask`).
 
@@ -191,6 +260,7 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
                 f"{p} is not a tokenized dataset{hint}: point data.train / data.eval at the "
                 "directory `data_scripts/regenerate.py ... --tokenize` writes (OUTPUT/tokenized)"
             )
+        check_tokenized_for(p, tokenizer, cfg.target.name if "target" in cfg else "")
         ds = load_from_disk(str(p))
         missing = {"input_ids", "loss_mask"} - set(ds.column_names)
         if missing:
@@ -208,6 +278,7 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
     if cfg.data.eval:
         held_out = load(cfg.data.eval)
     else:
+        check_split(len(train), cfg.data.eval_fraction, cfg.data.train)
         split = train.train_test_split(test_size=cfg.data.eval_fraction, seed=cfg.trainer.seed)
         train, held_out = split["train"], split["test"]
     if len(held_out) > cfg.data.max_eval_rows:

@@ -14,6 +14,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dspark.fileio import apply_umask
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -37,20 +39,80 @@ def checkpoints_dir(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+def finished_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Finished checkpoint dirs (`step_*` with `DONE`), newest first."""
     root = checkpoints_dir(output_dir)
     if not root.is_dir():
-        return None
+        return []
     done: dict[Path, int] = {}  # finished checkpoint dir -> its step
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
         if m and (p / "DONE").exists():
             done[p] = int(m[1])
-    return max(done, key=done.__getitem__, default=None)
+    return sorted(done, key=done.__getitem__, reverse=True)
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    found = finished_checkpoints(output_dir)
+    return found[0] if found else None
+
+
+def nonfinite_parameters(model) -> list[str]:
+    """Names of `model`'s parameters holding a NaN or an infinity."""
+    import torch
+
+    return [n for n, p in model.named_parameters() if not torch.isfinite(p.detach()).all()]
+
+
+class NonFiniteWeightsError(RuntimeError):
+    """Weights about to be saved, or just loaded, hold NaN / inf."""
+
+
+# Errors of a checkpoint that is damaged (cut off, or garbage in a valid header) rather than
+# made for another draft: those are set aside and the previous checkpoint is tried.
+_SHAPE_WORDS = ("size mismatch", "Missing key", "Unexpected key")
+
+
+def resume_latest(accelerator, draft, output_dir, log=print) -> Path | None:
+    """Load the newest checkpoint that loads and holds finite weights; return it (None: none).
+
+    A damaged one (unreadable files, NaN / inf weights) is renamed `corrupt-step_*` (kept for
+    inspection, ignored from then on) with a warning, and the previous one is tried; one made
+    for another draft shape is a `BadInputError`. Every rank reads the same files, so every
+    rank takes the same path."""
+    from dspark.errors import BadInputError
+
+    for ckpt in finished_checkpoints(output_dir):
+        try:
+            accelerator.load_state(str(ckpt))
+            bad = nonfinite_parameters(accelerator.unwrap_model(draft))
+            if bad:
+                raise NonFiniteWeightsError(f"non-finite weights in {', '.join(bad[:3])}")
+        except Exception as e:  # noqa: BLE001 - any damage means: try the previous one
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if any(w in str(e) for w in _SHAPE_WORDS):
+                raise BadInputError(
+                    f"checkpoint {ckpt} was made for another draft shape ({reason}): pass a new "
+                    "trainer.output_dir, or the run's own draft.* settings"
+                ) from None
+            accelerator.wait_for_everyone()
+            aside = ckpt.with_name(f"corrupt-{ckpt.name}")
+            if accelerator.is_main_process:
+                os.replace(ckpt, aside)
+            accelerator.wait_for_everyone()
+            log(f"warning: checkpoint {ckpt} is damaged ({reason}); moved to {aside}, "
+                "trying the previous one")  # fmt: skip
+            continue
+        return ckpt
+    return None
 
 
 def save_checkpoint(accelerator, draft, progress: Progress, output_dir, keep_last: int) -> Path:
-    """Collective: every rank calls it (Accelerate writes per-rank RNG state)."""
+    """Collective: every rank calls it (Accelerate writes per-rank RNG state). Refuses
+    non-finite weights, so every checkpoint on disk (and the one pruning keeps) is finite."""
+    bad = nonfinite_parameters(accelerator.unwrap_model(draft))
+    if bad:
+        raise NonFiniteWeightsError(f"refusing to checkpoint non-finite weights ({bad[0]}, ...)")
     root = checkpoints_dir(output_dir)
     final = root / f"step_{progress.step:08d}"
     tmp = root / f".tmp-step_{progress.step:08d}"
@@ -73,16 +135,22 @@ def save_checkpoint(accelerator, draft, progress: Progress, output_dir, keep_las
 
 
 def save_draft(accelerator, draft, path: Path) -> None:
-    """The draft alone, in the serving layout (`save_pretrained`), gathered across ranks."""
+    """The draft alone, in the serving layout (`save_pretrained`), gathered across ranks,
+    with the modes of the user's umask (transformers writes its safetensors 0600)."""
     state = accelerator.get_state_dict(draft)  # collective under FSDP / DeepSpeed
     if accelerator.is_main_process:
         accelerator.unwrap_model(draft).save_pretrained(
             path, state_dict=state, safe_serialization=True
         )
+        apply_umask(path)
 
 
 def publish_draft(accelerator, draft, output_dir) -> Path:
-    """Atomically (re)place `output_dir/draft` with the current weights."""
+    """Atomically (re)place `output_dir/draft` with the current weights (finite ones only: a
+    published draft is what users serve)."""
+    bad = nonfinite_parameters(accelerator.unwrap_model(draft))
+    if bad:
+        raise NonFiniteWeightsError(f"refusing to publish non-finite weights ({bad[0]}, ...)")
     final = Path(output_dir) / "draft"
     tmp = Path(output_dir) / ".tmp-draft"
     if accelerator.is_main_process:

@@ -20,6 +20,7 @@ from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from dspark.errors import UserError
 from dspark.training.build import (
     build_draft,
     build_objective_for,
@@ -27,10 +28,17 @@ from dspark.training.build import (
     make_loader,
     regenerate_if_missing,
 )
-from dspark.training.checkpoint import Progress, latest_checkpoint, publish_draft, save_checkpoint
+from dspark.training.checkpoint import (
+    Progress,
+    latest_checkpoint,
+    publish_draft,
+    resume_latest,
+    save_checkpoint,
+)
 from dspark.training.optim import build_optimizer, warmup_cosine
 from dspark.training.precision import resolve_mixed_precision
 from dspark.training.report import write_report
+from dspark.training.run_dir import check_resume_config, refuse_restart, supersede_metrics
 from dspark.training.sharding import check_shardable, shard_target
 from dspark.training.tracking import init_tracking, trackers
 
@@ -77,6 +85,27 @@ def check_launch(num_processes: int, distributed_type: str, environ=os.environ) 
             )
 
 
+class DivergedError(UserError, RuntimeError):
+    """The loss or the gradient went non-finite, or the loss blew up: the run stops before the
+    update, with the step and the last good checkpoint named."""
+
+
+def check_divergence(
+    loss: float, grad_norm: float | None, first_loss: float | None, factor: float
+) -> str | None:
+    """Why a step must not be applied (None: it may). `first_loss`: the run's first loss."""
+    if not math.isfinite(loss):
+        return f"the loss is {loss}"
+    if grad_norm is not None and not math.isfinite(grad_norm):
+        return f"the gradient norm is {grad_norm} (loss {loss:.4g})"
+    if factor > 0 and first_loss is not None and first_loss > 0 and loss > factor * first_loss:
+        return (
+            f"the loss rose to {loss:.4g}, over trainer.divergence_factor={factor:g} x the "
+            f"first step's {first_loss:.4g}"
+        )
+    return None
+
+
 def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
@@ -105,6 +134,12 @@ def run(cfg) -> dict:
     """Train a draft as `cfg` (a validated `DistillConfig`) says; returns the final results."""
     t_cfg = cfg.trainer
     out = Path(t_cfg.output_dir)
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(run_config, dict)  # cfg is a DictConfig
+    if t_cfg.resume:
+        check_resume_config(out, run_config)
+    else:
+        refuse_restart(out)
     if t_cfg.threads:
         torch.set_num_threads(t_cfg.threads)
     mixed_precision = resolve_mixed_precision(t_cfg.mixed_precision)  # auto -> bf16 | no
@@ -142,14 +177,17 @@ def run(cfg) -> dict:
     progress = Progress()
     accelerator.register_for_checkpointing(scheduler, progress, objective)  # + anchor RNG
 
-    resumed_from = latest_checkpoint(out) if t_cfg.resume else None
+    resumed_from = (
+        resume_latest(accelerator, draft, out, accelerator.print) if t_cfg.resume else None
+    )
     if resumed_from:
-        accelerator.load_state(str(resumed_from))
         accelerator.print(f"resumed from {resumed_from} at step {progress.step}")
-    run_config = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(run_config, dict)  # cfg is a DictConfig
     if main:
         out.mkdir(parents=True, exist_ok=True)
+        moved = supersede_metrics(out, progress.step)
+        if moved:
+            accelerator.print(f"{moved} metrics rows past step {progress.step} moved to "
+                              "metrics.superseded.jsonl")  # fmt: skip
         (out / "run_config.json").write_text(json.dumps(run_config, indent=2))
     init_tracking(accelerator, cfg.tracking, out, run_config)
     reducer = AccelerateReducer(accelerator)
@@ -186,6 +224,22 @@ def run(cfg) -> dict:
     draft.train()
     tokens, t_window = 0, time.perf_counter()
     history: list[dict] = []
+    first_loss: float | None = None
+
+    def stop_if_diverged(loss_value: float, grad_value: float | None) -> None:
+        """Collective: every rank raises together (the verdict is summed over ranks)."""
+        why = check_divergence(loss_value, grad_value, first_loss, t_cfg.divergence_factor)
+        flag = torch.tensor(float(why is not None), device=accelerator.device)
+        if float(reducer.sum(flag)) == 0:
+            return
+        good = latest_checkpoint(out)
+        raise DivergedError(
+            f"training diverged at step {progress.step + 1}: {why or 'on another rank'}. The "
+            "step was not applied; "
+            + (f"the last good checkpoint is {good}" if good else "no checkpoint was saved yet")
+            + ". Lower optim.lr (or raise optim.warmup_ratio) and resume, or check the data"
+        )
+
     while progress.step < total:
         train_dl.set_epoch(progress.epoch)
         batches = (
@@ -196,10 +250,16 @@ def run(cfg) -> dict:
         for batch in batches:
             with accelerator.accumulate(draft):
                 loss, metrics = objective.step(draft, batch, reducer)
+                loss_value = float(metrics.get("loss", loss))  # global where the objective has it
+                stop_if_diverged(loss_value, None)
+                first_loss = loss_value if first_loss is None else first_loss
                 accelerator.backward(loss)
                 grad_norm = None
-                if accelerator.sync_gradients and cfg.optim.grad_clip > 0:
-                    grad_norm = accelerator.clip_grad_norm_(draft.parameters(), cfg.optim.grad_clip)
+                if accelerator.sync_gradients:
+                    # max_norm inf measures without clipping (grad_clip=0: clipping off)
+                    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+                    grad_norm = accelerator.clip_grad_norm_(draft.parameters(), clip)
+                    stop_if_diverged(loss_value, None if grad_norm is None else float(grad_norm))
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             progress.batches_in_epoch += 1

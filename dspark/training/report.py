@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dspark.fileio import dumps_strict
+
 
 def _curves(out: Path, curve_metrics: list[str]) -> Path | None:
     """Loss and the objective's own acceptance metrics (`curve_metrics`) over steps."""
@@ -12,6 +14,7 @@ def _curves(out: Path, curve_metrics: list[str]) -> Path | None:
     if not path.exists():
         return None
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [{k: float("nan") if v is None else v for k, v in r.items()} for r in rows]
     train = [r for r in rows if "train/loss" in r]
     if not train:
         return None
@@ -88,7 +91,7 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def write_report(out: Path, results: dict, run_config: dict) -> None:
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (out / "results.json").write_text(dumps_strict(results, indent=2, default=str))
     c = results["conditions"]
     ev = results["final_eval"]
     last = results.get("last_train", {})

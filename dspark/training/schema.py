@@ -133,6 +133,10 @@ class TrainerConfig:
     eval_every: int = 200  # optimizer steps; 0 disables periodic eval (a final eval still runs)
     save_every: int = 200  # optimizer steps; 0 saves only at the end
     keep_last: int = 2
+    # Stop (with an error naming the last good checkpoint) when the loss exceeds this multiple
+    # of the first step's loss: a healthy run never climbs 100x above its start. 0: off. A
+    # non-finite loss or gradient always stops the run, before the update.
+    divergence_factor: float = 100.0
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
     attention: str = "auto"  # auto | sdpa | flex (flex needs CUDA)
     threads: int | None = None  # torch CPU threads; None keeps torch's default
@@ -174,6 +178,74 @@ _CHOICES = {
 }
 
 
+# (section, key) -> (lowest allowed, whether the bound itself is allowed, what the key means).
+# A value outside its range is never what a user meant (epochs=-1 used to train one step).
+_BOUNDS: dict[tuple[str, str], tuple[float, bool, str]] = {
+    ("draft", "num_hidden_layers"): (1, True, "draft decoder layers"),
+    ("draft", "num_target_layers_tapped"): (1, True, "target layers the draft reads"),
+    ("draft", "num_anchors"): (1, True, "blocks sampled per sequence"),
+    ("data", "answer_tokens"): (1, True, "tokens per regenerated answer"),
+    ("data", "max_eval_rows"): (1, True, "held-out rows"),
+    ("data", "max_length"): (2, True, "tokens per row"),
+    ("data", "batch_size"): (1, True, "rows per device per micro-step"),
+    ("data", "num_workers"): (0, True, "loader worker processes"),
+    ("objective", "ce_weight"): (0, True, "a loss weight"),
+    ("objective", "l1_weight"): (0, True, "a loss weight"),
+    ("objective", "confidence_weight"): (0, True, "a loss weight"),
+    ("objective", "loss_decay_gamma"): (0, False, "the positional decay of the loss"),
+    ("optim", "lr"): (0, False, "the learning rate"),
+    ("optim", "weight_decay"): (0, True, "AdamW's weight decay"),
+    ("optim", "warmup_ratio"): (0, True, "the warm-up share of all steps"),
+    ("optim", "min_lr_ratio"): (0, True, "the cosine floor as a share of lr"),
+    ("optim", "grad_clip"): (0, True, "the gradient-norm clip (0: off)"),
+    ("trainer", "epochs"): (0, False, "passes over the training set"),
+    ("trainer", "gradient_accumulation_steps"): (1, True, "micro-steps per optimizer step"),
+    ("trainer", "log_every"): (1, True, "optimizer steps between log rows"),
+    ("trainer", "eval_every"): (0, True, "optimizer steps between evals (0: only at the end)"),
+    ("trainer", "save_every"): (
+        0,
+        True,
+        "optimizer steps between checkpoints (0: only at the end)",
+    ),
+    ("trainer", "keep_last"): (1, True, "checkpoints kept"),
+    ("trainer", "divergence_factor"): (0, True, "the loss blow-up that stops a run (0: off)"),
+    ("trainer", "calibrate_prompts"): (0, True, "STS prompts (0: no fit)"),
+    ("trainer", "calibrate_max_new_tokens"): (1, True, "tokens per STS prompt"),
+}
+# Keys that may be null; when set they obey the same kind of bound.
+_OPTIONAL_BOUNDS: dict[tuple[str, str], tuple[float, str]] = {
+    ("trainer", "max_steps"): (1, "optimizer steps (null: from trainer.epochs)"),
+    ("trainer", "threads"): (1, "torch CPU threads (null: torch's default)"),
+    ("data", "prompts_limit"): (1, "prompts to regenerate (null: all)"),
+}
+
+
+def _check_bounds(cfg: Any) -> None:
+    import math
+
+    for (group, key), (low, inclusive, what) in _BOUNDS.items():
+        value = cfg[group][key]
+        ok = math.isfinite(value) and (value >= low if inclusive else value > low)
+        if not ok:
+            op = ">=" if inclusive else ">"
+            raise BadInputError(f"{group}.{key}={value} is out of range: {what}, {op} {low}")
+    for (group, key), (low, what) in _OPTIONAL_BOUNDS.items():
+        value = cfg[group][key]
+        if value is not None and value < low:
+            raise BadInputError(f"{group}.{key}={value} is out of range: {what}, >= {low}")
+    if not 0.0 <= cfg.optim.warmup_ratio < 1.0:
+        raise BadInputError(f"optim.warmup_ratio={cfg.optim.warmup_ratio} must be in [0, 1)")
+    if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
+        raise BadInputError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
+    layers = cfg.draft.init_layers
+    if layers is not None and len(layers) != cfg.draft.num_hidden_layers:
+        raise BadInputError(
+            f"draft.init_layers={list(layers)} names {len(layers)} target layers for "
+            f"draft.num_hidden_layers={cfg.draft.num_hidden_layers}: name one per draft layer, "
+            "or null for the target's last ones"
+        )
+
+
 def check(cfg: Any) -> None:
     """Value checks a type cannot express; each error (a `BadInputError`, i.e. a ValueError
     and a user error) names the key, the allowed values and the fix."""
@@ -186,6 +258,7 @@ def check(cfg: Any) -> None:
         value = cfg[group][key]
         if value not in allowed:
             raise BadInputError(f"{group}.{key}={value!r} is not one of {allowed}")
+    _check_bounds(cfg)
     if cfg.draft.block_size < 1:
         raise BadInputError(f"draft.block_size must be >= 1, got {cfg.draft.block_size}")
     if cfg.draft.lora.r < 0:

@@ -6,7 +6,6 @@ W&B (offline without an API key), TensorBoard, Trackio or MLflow.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from accelerate.tracking import GeneralTracker, on_main_process
 
 from dspark.errors import MissingPackageError
+from dspark.fileio import dumps_strict
 
 # tracking.backend -> the pip package Accelerate's tracker of that name needs.
 BACKENDS = {
@@ -55,7 +55,7 @@ class JsonlTracker(GeneralTracker):
         if step is not None:
             record.setdefault("step", step)
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(dumps_strict(record) + "\n")  # NaN -> null: strict readers reject NaN
 
 
 def wandb_mode(mode: str) -> str:
