@@ -16,9 +16,23 @@ import json
 import sys
 
 from dspark.data import feature_cache as fc
+from dspark.errors import user_errors
+
+
+def _layer_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated ints") from None
 
 
 def main(argv=None) -> int:
+    """Parse the command line and run; a user's mistake ends as one `error:` line, status 2."""
+    with user_errors("cache_features"):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -33,7 +47,12 @@ def main(argv=None) -> int:
     p.add_argument("--output", default=None, help="cache dir (resumes when it exists)")
     p.add_argument("--dtype", default="bf16", choices=sorted(fc.DTYPES))
     p.add_argument("--positions", default="all", choices=fc.POSITIONS)
-    p.add_argument("--layer-ids", default=None, help="e.g. 1,8,14,21,27 (default: the draft's)")
+    p.add_argument(
+        "--layer-ids",
+        type=_layer_ids,
+        default=None,
+        help="e.g. 1,8,14,21,27 (default: the draft's)",
+    )
     p.add_argument("--num-layers-tapped", type=int, default=5)
     p.add_argument("--target-dtype", default="float32", help="the target's own dtype")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if any)")
@@ -43,20 +62,25 @@ def main(argv=None) -> int:
     p.add_argument("--estimate-only", action="store_true", help="print the size, write nothing")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON too")
     a = p.parse_args(argv)
-    ids = [int(x) for x in a.layer_ids.split(",")] if a.layer_ids else None
+    if a.batch_size < 1 or a.shard_mb <= 0:
+        p.error("--batch-size must be >= 1 and --shard-mb > 0")
+    writes = not (a.estimate_only or a.target_config)
+    if writes and not (a.data and a.output):
+        p.error("--data and --output are needed to write a cache")
+    if writes:  # before the estimate and the target load: a wrong path costs seconds
+        fc.load_tokenized(a.data)
+        fc.check_cache_output(a.output)
 
     dims = fc.target_dims(a.target_config or a.target)
-    layer_ids = fc.resolve_layer_ids(dims["num_hidden_layers"], ids, a.num_layers_tapped)
+    layer_ids = fc.resolve_layer_ids(dims["num_hidden_layers"], a.layer_ids, a.num_layers_tapped)
     est = fc.estimate_from_config(
         dims, layer_ids, data_dir=a.data, dtype=a.dtype, positions=a.positions
     )
     print(fc.format_estimate(est) + f"\n  layers tapped: {layer_ids}")
     if a.json:
         print(json.dumps(est, indent=2))
-    if a.estimate_only or a.target_config:
+    if not writes:
         return 0
-    if not (a.data and a.output):
-        p.error("--data and --output are needed to write a cache")
 
     import torch
 

@@ -133,13 +133,19 @@ def regenerate_main(argv=None) -> int:
 
     import torch
 
-    from dspark.data.regenerate import SamplingConfig, regenerate
-    from dspark.data.sources import RowSelection, load_prompts
+    from dspark.data.regenerate import SamplingConfig, check_output, regenerate, run_settings
+    from dspark.data.sources import RowSelection, load_prompts, require_rows
+    from dspark.data.tokenize import check_tokenized_output
 
     if a.num_threads:
         torch.set_num_threads(a.num_threads)
+    # The output is checked before the prompts and the target load, which can take minutes.
+    check_output(a.output)
+    if a.tokenize:
+        check_tokenized_output(Path(a.output) / "tokenized", key="--output (its tokenized/)")
     selection = RowSelection.parse(limit=a.limit, skip=a.skip, where=a.where)
     prompts = load_prompts(a.input, split=a.split, name=a.config_name, selection=selection)
+    require_rows(prompts, a.input, "--input", selection)
     for note in prompts.notes:
         print("note:", note, file=sys.stderr)
     if prompts.rejected:
@@ -177,20 +183,16 @@ def regenerate_main(argv=None) -> int:
     else:
         from dspark.target import load_target
 
+        generator = f"{a.backend}:{a.target}"
+        # An earlier run with other settings is refused before the target loads.
+        check_output(a.output, run_settings(prompts, sampling, settings_of(a, generator)))
         device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = a.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
         model, tokenizer = load_target(a.target, dtype=dtype, device=device)
         backend = make_local_backend(
             a.backend, model, tokenizer, a.chat_template_kwargs, batch_size=batch
         )
-        generator = f"{a.backend}:{a.target}"
-    settings = {
-        "target": a.target,
-        "generator": generator,
-        "split": a.split,
-        "chat_template_kwargs": a.chat_template_kwargs or {},
-        **({"keep_reasoning": True} if a.keep_reasoning else {}),  # absent = old runs resume
-    }
+    settings = settings_of(a, generator)
     regenerate(
         prompts,
         backend,
@@ -214,6 +216,17 @@ def regenerate_main(argv=None) -> int:
         )
         _print_tokenized(stats, Path(a.output) / "tokenized")
     return 0
+
+
+def settings_of(a: argparse.Namespace, generator: str) -> dict:
+    """The command line's part of `run.json` (the source and sampling join in regenerate)."""
+    return {
+        "target": a.target,
+        "generator": generator,
+        "split": a.split,
+        "chat_template_kwargs": a.chat_template_kwargs or {},
+        **({"keep_reasoning": True} if a.keep_reasoning else {}),  # absent = old runs resume
+    }
 
 
 def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, batch_size=32):

@@ -53,12 +53,15 @@ from dspark.data.feature_layout import (  # noqa: F401  (re-exported: one import
     estimate,
     estimate_from_config,
     format_estimate,
+    load_tokenized,
     plan_shards,
     resolve_layer_ids,
     row_token_counts,
     stored_positions,
     target_dims,
 )
+from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
+from dspark.errors import BadInputError
 
 FORMAT = "dspark-features-v1"
 MANIFEST = "manifest.json"
@@ -141,10 +144,32 @@ def read_manifest(cache_dir: str | os.PathLike) -> dict:
             f"{path.parent} is not a feature cache (no {MANIFEST}); make one with "
             "`python data_scripts/cache_features.py --target ... --data ... --output ...`"
         )
-    m = json.loads(path.read_text())
-    if m.get("format") != FORMAT:
-        raise FeatureCacheError(f"{path} has format {m.get('format')!r}, expected {FORMAT!r}")
+    m = read_json_object(path)
+    if m is None or m.get("format") != FORMAT:
+        kind = "is not a JSON object" if m is None else f"has format {m.get('format')!r}"
+        raise FeatureCacheError(
+            f"{path.parent} is not a feature cache: its {MANIFEST} {kind}, not a {FORMAT} "
+            "manifest; pass a feature cache directory (cache_features.py --output)"
+        )
     return m
+
+
+def check_cache_output(out_dir: str | os.PathLike, key: str = "--output") -> Path:
+    """`out_dir` as a place a feature cache may be written: new, or writable and holding no
+    files of the names a cache writes unless it is a feature cache (which is resumed)."""
+    out = require_output_dir(out_dir, key)
+    manifest = out / MANIFEST
+    if manifest.exists():
+        m = read_json_object(manifest)
+        if m is None or m.get("format") != FORMAT:
+            raise BadInputError(
+                f"{key} {out}: {manifest} is not a feature cache's (format "
+                f"{(m or {}).get('format')!r}, not {FORMAT!r}) and would be overwritten; pass "
+                f"a new {key} directory, or move that file away"
+            )
+    else:  # the settings are written before any shard, so a shard here is not ours
+        refuse_foreign(out, ("shard_*.safetensors",), marker=MANIFEST, what="cache_features")
+    return out
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -216,7 +241,6 @@ def write_cache(
     Returns the manifest. Resumable: rerun with the same arguments; other settings against an
     existing cache are refused. Refuses to start when the disk lacks room for what is left.
     """
-    from datasets import load_from_disk
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
@@ -227,11 +251,8 @@ def write_cache(
     if positions not in POSITIONS:
         raise FeatureCacheError(f"positions={positions!r} is not one of {POSITIONS}")
     capture = OnlineTargetCapture(target, layer_ids)  # checks the layer ids
-    data_dir, out = Path(data_dir).expanduser(), Path(out_dir).expanduser()
-    ds = load_from_disk(str(data_dir))
-    missing = {"input_ids", "loss_mask"} - set(ds.column_names)
-    if missing:
-        raise FeatureCacheError(f"{data_dir} lacks columns {sorted(missing)}; not a tokenized set")
+    data_dir, out = Path(data_dir).expanduser(), check_cache_output(out_dir)
+    ds = load_tokenized(data_dir)
     ds = ds.select_columns(["input_ids", "loss_mask"])
     layout = Layout(int(target.config.hidden_size), len(capture.layer_ids), dtype)
     counts = row_token_counts(ds["loss_mask"], positions)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from dspark.errors import BadInputError, MissingPathError
+
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 POSITIONS = ("all", "loss")
 INDEX_BYTES_PER_FINAL = 4  # final_positions, int32
@@ -25,8 +27,9 @@ DEFAULT_SHARD_MB = 512
 DISK_HEADROOM = 1.05  # safetensors headers, the temp file of the shard being written
 
 
-class FeatureCacheError(ValueError):
-    """A cache that does not fit the run (other target, layers, data) or a bad option."""
+class FeatureCacheError(BadInputError):
+    """A cache that does not fit the run (other target, layers, data) or a bad option (a
+    `UserError`: the message names the fix, the entry scripts print it as one line)."""
 
 
 # ---------------------------------------------------------------------------- what is stored
@@ -155,6 +158,47 @@ def check_disk(out_dir: Path, needed: int) -> None:
         )
 
 
+# ---------------------------------------------------------------------------- the input
+TOKENIZED_FIX = (
+    "pass the directory tokenize_data.py (or regenerate.py --tokenize) wrote, e.g. "
+    "runs/data/embedded/train/tokenized"
+)
+
+
+def load_tokenized(data_dir: str | os.PathLike, key: str = "--data"):
+    """The tokenized set (`save_to_disk`, with input_ids and loss_mask) at `data_dir`, else a
+    `UserError` saying what the path is instead and which directory to pass."""
+    from datasets import Dataset, load_from_disk
+
+    p = Path(data_dir).expanduser()
+    if not p.exists():
+        raise MissingPathError(f"{key} {data_dir}: no such directory; {TOKENIZED_FIX}")
+    if not p.is_dir():
+        raise FeatureCacheError(f"{key} {data_dir} is a file, not a tokenized set; {TOKENIZED_FIX}")
+    if not (p / "state.json").exists():
+        if (p / "tokenized" / "state.json").exists():
+            hint = f" (did you mean {key} {p / 'tokenized'}?)"
+        elif (p / "manifest.json").exists() and (p / "shard_00000.safetensors").exists():
+            hint = " (it is a feature cache, the output of this script)"
+        elif (p / "regenerated.jsonl").exists():
+            hint = " (it is a regeneration; tokenize it first with tokenize_data.py)"
+        else:
+            hint = ""
+        raise FeatureCacheError(
+            f"{key} {data_dir} is not a tokenized set: it has no state.json{hint}; {TOKENIZED_FIX}"
+        )
+    ds = load_from_disk(str(p))
+    if not isinstance(ds, Dataset):
+        raise FeatureCacheError(f"{key} {data_dir} holds several splits; pass one split's dir")
+    missing = {"input_ids", "loss_mask"} - set(ds.column_names)
+    if missing:
+        raise FeatureCacheError(
+            f"{key} {data_dir} lacks columns {sorted(missing)}, so it is not a tokenized set; "
+            f"{TOKENIZED_FIX}"
+        )
+    return ds
+
+
 # ---------------------------------------------------------------------------- from a config
 def target_dims(spec: str) -> dict:
     """`hidden_size` and `num_hidden_layers` of a target without loading its weights.
@@ -162,10 +206,18 @@ def target_dims(spec: str) -> dict:
     `spec` is inline JSON (`{"hidden_size": 4096, "num_hidden_layers": 36}`), a config.json
     file, or a target spec `load_target` accepts (its config is read, nothing else)."""
     text = spec.strip()
-    if text.startswith("{"):
-        cfg = json.loads(text)
-    elif Path(text).expanduser().is_file():
-        cfg = json.loads(Path(text).expanduser().read_text())
+    if text.startswith("{") or Path(text).expanduser().is_file():
+        inline = text.startswith("{")
+        try:
+            cfg = json.loads(text if inline else Path(text).expanduser().read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            where = repr(text) if inline else text
+            raise FeatureCacheError(
+                f"target config {where} is not valid JSON ({e}); pass e.g. "
+                '\'{"hidden_size": 4096, "num_hidden_layers": 36}\' or a config.json'
+            ) from None
+        if not isinstance(cfg, dict):
+            raise FeatureCacheError(f"target config {spec!r} is not a JSON object")
     else:
         from transformers import AutoConfig
 
@@ -186,9 +238,19 @@ def resolve_layer_ids(num_hidden_layers: int, layer_ids=None, num_layers_tapped:
     """The draft's default taps (`default_target_layer_ids`) unless `layer_ids` are given."""
     from dspark.config import default_target_layer_ids
 
+    n = int(num_hidden_layers)
     if layer_ids:
-        return [int(i) for i in layer_ids]
-    return default_target_layer_ids(num_hidden_layers, num_layers_tapped)
+        ids = [int(i) for i in layer_ids]
+        bad = [i for i in ids if not 0 <= i < n - 1]
+        if bad:
+            raise FeatureCacheError(
+                f"--layer-ids {bad} cannot be tapped in a {n}-layer target (valid: 0..{n - 2}, "
+                "the final layer never); pass ids in range, or none for the draft's default"
+            )
+        return ids
+    if num_layers_tapped < 1:
+        raise FeatureCacheError(f"--num-layers-tapped {num_layers_tapped}: must be >= 1")
+    return default_target_layer_ids(n, num_layers_tapped)
 
 
 def estimate_from_config(
@@ -202,11 +264,7 @@ def estimate_from_config(
     """`estimate` from target dims alone (+ the tokenized set's loss masks when given)."""
     counts = None
     if data_dir is not None:
-        from datasets import load_from_disk
-
-        counts = row_token_counts(
-            load_from_disk(str(Path(data_dir).expanduser()))["loss_mask"], positions
-        )
+        counts = row_token_counts(load_tokenized(data_dir)["loss_mask"], positions)
     est = estimate(Layout(dims["hidden_size"], len(layer_ids), dtype), counts, positions)
     est["layer_ids"] = list(layer_ids)
     return est

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import re
 
+from dspark.errors import BadInputError
+
 GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
 _SENTINEL = "DSPARKSENTINEL7q"
 
 
-class LossMaskError(ValueError):
-    """The loss mask is wrong for this template; the message names the problem and the fix."""
+class LossMaskError(BadInputError):
+    """The loss mask is wrong for this template; the message names the problem and the fix
+    (a `UserError`: the entry scripts print it as one line)."""
 
 
 def template_of(tokenizer) -> str:

@@ -19,7 +19,8 @@ when it is done); `DecoderBackend` decodes a chunk in length-sorted groups of it
 Files in the output directory: `regenerated.jsonl`, `failures.jsonl` (one line per failed
 attempt with its reason; failed rows are retried by the next run), `rejected.jsonl` (input
 rows that could not be normalised), `run.json` (the settings; a rerun with other settings is
-refused) and `summary.json`.
+refused) and `summary.json`. A directory holding any of these names without a regeneration's
+`run.json` is another tool's and is refused rather than overwritten (`check_output`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from dspark.errors import BadInputError
+from dspark.fileio import write_text_atomic
 
 OUTPUT = "regenerated.jsonl"
 FAILURES = "failures.jsonl"
@@ -204,28 +208,97 @@ LOCAL_BACKENDS = ("hf", "decoder")
 
 def _comparable(settings: dict) -> dict:
     """Settings as a resume compares them: at T = 0 the local backends are interchangeable
-    (their greedy answers are equal token for token), so `hf:X` and `decoder:X` match."""
+    (their greedy answers are equal token for token), so `hf:X` and `decoder:X` match; a run
+    without `keep_reasoning` is one that did not keep it."""
     s = dict(settings)
     name, _, rest = str(s.get("generator", "")).partition(":")
     greedy = (s.get("sampling") or {}).get("temperature", 0) <= 0
     if greedy and name in LOCAL_BACKENDS and rest:
         s["generator"] = f"local:{rest}"
+    s["keep_reasoning"] = bool(s.get("keep_reasoning", False))
     return s
 
 
-def _check_run(out: Path, settings: dict) -> None:
+# The command-line option behind each setting, for the message that refuses a resume.
+SETTING_FLAGS = {
+    "source": "--input/--skip/--where",
+    "target": "--target",
+    "generator": "--backend/--server/--target",
+    "split": "--split",
+    "chat_template_kwargs": "--chat-template-kwargs",
+    "keep_reasoning": "--keep-reasoning",
+    "sampling.temperature": "--temperature",
+    "sampling.top_p": "--top-p",
+    "sampling.top_k": "--top-k",
+    "sampling.max_new_tokens": "--max-new-tokens",
+    "sampling.seed": "--seed",
+}
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    """`key was OLD, now NEW (--flag)` for each setting of `new` that `old` does not match
+    (the sampling dict key by key; `keep_reasoning` also when only the old run had it)."""
+    cmp_old, cmp_new = _comparable(old), _comparable(new)
+    keys = list(new) + (["keep_reasoning"] if "keep_reasoning" not in new else [])
+    out = []
+    for k in keys:
+        if cmp_old.get(k) == cmp_new.get(k):
+            continue
+        a, b = (cmp_old[k], cmp_new[k]) if k == "keep_reasoning" else (old.get(k), new.get(k))
+        if isinstance(a, dict) and isinstance(b, dict) and k == "sampling":
+            parts = [(f"{k}.{j}", a.get(j), b.get(j)) for j in b if a.get(j) != b.get(j)]
+        else:
+            parts = [(k, a, b)]
+        for name, was, now in parts:
+            flag = SETTING_FLAGS.get(name)
+            out.append(f"{name} was {was!r}, now {now!r}" + (f" ({flag})" if flag else ""))
+    return out
+
+
+def read_run(out: Path) -> dict | None:
+    """The settings in `out/run.json` when a regeneration wrote it, None when there is none;
+    a `run.json` that is not a regeneration's is refused (it would be overwritten)."""
+    from dspark.data.outputs import read_json_object
+
     run = out / RUN
-    if run.exists():
-        old = json.loads(run.read_text())
-        new, cmp_old = _comparable(settings), _comparable(old)
-        diff = {k: (old.get(k), v) for k, v in settings.items() if cmp_old.get(k) != new[k]}
+    if not run.exists():
+        return None
+    old = read_json_object(run)
+    if old is None or not {"source", "sampling"} <= set(old):
+        raise BadInputError(
+            f"--output {out}: {run} was not written by a regeneration (it is not a JSON object "
+            "with `source` and `sampling`); pass a new --output directory, or move that file away"
+        )
+    return old
+
+
+def check_output(out: str | os.PathLike, settings: dict | None = None) -> Path:
+    """Refuse an output directory a regeneration cannot use, before anything is written: a
+    file, an unwritable directory, one holding another tool's files of the same names, or an
+    earlier regeneration with other `settings` (when given; `run.json` holds the old ones)."""
+    from dspark.data.outputs import refuse_foreign, require_output_dir, require_writable_files
+
+    path = require_output_dir(out)
+    old = read_run(path) if path.is_dir() else None
+    if old is None:
+        refuse_foreign(
+            path, (OUTPUT, FAILURES, REJECTED, SUMMARY), marker=RUN, what="a regeneration"
+        )
+    elif settings is not None:
+        diff = _differences(old, settings)
         if diff:
-            raise ValueError(
-                f"{out} holds a regeneration run with other settings {diff} (old, new); "
-                "resume with the same settings or pick a new --output directory"
+            raise BadInputError(
+                f"--output {path} holds a regeneration made with other settings: "
+                + "; ".join(diff)
+                + ". Rerun with the same settings to resume it, or pass a new --output directory"
             )
-    else:
-        run.write_text(json.dumps(settings, indent=2) + "\n")
+    require_writable_files(path, (OUTPUT, FAILURES, REJECTED, SUMMARY))
+    return path
+
+
+def run_settings(prompts, sampling: SamplingConfig, settings: dict | None = None) -> dict:
+    """What `run.json` records and a resume compares: the source, the sampling, `settings`."""
+    return {"source": prompts.source, "sampling": asdict(sampling), **(settings or {})}
 
 
 def _split_turns(messages):
@@ -253,9 +326,11 @@ def regenerate(
     from tqdm.auto import tqdm
 
     sampling = sampling or SamplingConfig()
-    out = Path(output_dir)
+    run = run_settings(prompts, sampling, settings)
+    out = check_output(output_dir, run)
     out.mkdir(parents=True, exist_ok=True)
-    _check_run(out, {"source": prompts.source, "sampling": asdict(sampling), **(settings or {})})
+    if not (out / RUN).exists():
+        write_text_atomic(out / RUN, json.dumps(run, indent=2) + "\n")
     prompts.write_rejected(out / REJECTED)
     done = _repair_and_read(out / OUTPUT)
     rows = prompts.rows
@@ -315,7 +390,7 @@ def regenerate(
         rows_in_output=len(_repair_and_read(out / OUTPUT)),
         output=str(out / OUTPUT),
     )
-    (out / SUMMARY).write_text(json.dumps(stats, indent=2) + "\n")
+    write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")
     if log:
         log(
             f"regenerate: {stats['rows_done']} rows done, {stats['rows_failed']} failed, "

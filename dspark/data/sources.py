@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark.errors import BadInputError, MissingPathError
+from dspark.errors import BadInputError, MissingPathError, UserError
 
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {
@@ -288,10 +288,19 @@ def _normalized(i: int, row: Any) -> dict:
 
 
 def _read_jsonl_lines(path: Path):
-    """Stdlib fallback for JSON lines that `datasets` refuses (mixed types, bad lines)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
+    """Stdlib fallback for JSON lines that `datasets` refuses (mixed types, bad lines): a line
+    that is not UTF-8 or not JSON becomes a `_BadLine` with the reason, the rest are read."""
+    with open(path, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield _BadLine(
+                    f"not valid UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}; "
+                    "re-save the file as UTF-8"
+                )
                 continue
             try:
                 yield json.loads(line)
@@ -371,9 +380,19 @@ def load_prompts(
             ds, source=f"preset:{preset[0].name} ({preset[1] or preset[0].hub_id})", selection=sel
         )
     path = Path(source).expanduser()
+    # A local file is named by its absolute path, so a resumed run started from another
+    # directory (or with `../x` vs `/abs/x`) is recognised as the same source.
+    label = str(path.resolve()) if path.exists() else str(source)
     try:
         ds = load_raw_dataset(source, split=split, name=name)
-    except Exception as e:  # arrow cannot unify the rows' types, or a line is not JSON
+        if prefix is not None:
+            ds = ds.select(range(min(prefix, len(ds))))
+        # Rows are decoded while they are read, so a bad one (e.g. a byte that is not UTF-8)
+        # fails here, not in load_raw_dataset.
+        return normalize_rows(ds, source=label, selection=sel)
+    except UserError:
+        raise
+    except Exception as e:  # arrow cannot unify the rows' types, or a line is not JSON/UTF-8
         if path.is_file() and path.suffix.lower() in (".json", ".jsonl"):
             rows = _read_jsonl_lines(path) if path.suffix.lower() == ".jsonl" else _read_json(path)
             out = normalize_rows(rows, str(path), selection=sel)
@@ -382,19 +401,61 @@ def load_prompts(
                 "read it row by row with the json module instead"
             )
             return out
+        if path.is_file():
+            cause: BaseException = e  # `datasets` wraps the reader's error in a generic one
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            raise BadInputError(
+                f"prompt source {path}: the file cannot be read as {path.suffix} "
+                f"({type(cause).__name__}: {str(cause)[:200]}); check that it is a valid, UTF-8 "
+                f"{path.suffix} file, or convert it to .jsonl (one JSON row a line)"
+            ) from e
         raise
-    if prefix is not None:
-        ds = ds.select(range(min(prefix, len(ds))))
-    # A local file is named by its absolute path, so a resumed run started from another
-    # directory (or with `../x` vs `/abs/x`) is recognised as the same source.
-    return normalize_rows(
-        ds, source=str(path.resolve()) if path.exists() else str(source), selection=sel
+
+
+def require_rows(
+    ps: PromptSet, source: str, key: str | None = None, selection: RowSelection | None = None
+) -> PromptSet:
+    """`ps` when it has rows to work on; else a `BadInputError` saying the source (passed as
+    `key`, e.g. `--input`) is empty, or that every row was rejected (with the first reason)."""
+    if ps.rows:
+        return ps
+    label = f"{key} {source}" if key else f"prompt source {source}"
+    if ps.rejected:
+        first = ps.rejected[0]
+        raise BadInputError(
+            f"{label}: none of its rows can be used, all {len(ps.rejected)} were rejected "
+            f"(first: row {first.index}: {first.reason}); fix the file (rows need `messages`, "
+            "`conversations`, `turns` or `instruction`)"
+        )
+    sel = selection or RowSelection()
+    if sel.skip or sel.where or sel.limit is not None:
+        why = "it is empty, or --skip/--where/--limit selected none"
+    else:
+        why = "it is empty"
+    raise BadInputError(
+        f"{label} has no rows ({why}); pass a source with at least one conversation"
     )
 
 
 def _read_json(path: Path):
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    """The rows of a .json file: one document, so a byte that is not UTF-8 or a syntax error
+    anywhere makes the whole file unreadable (one error naming the file and the place)."""
+    raw = path.read_bytes()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BadInputError(
+            f"prompt source {path} is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+            "re-save it as UTF-8"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise BadInputError(
+            f"prompt source {path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+            "a .json file holds one array of rows (or use .jsonl: one JSON row a line)"
+        ) from None
+    if not isinstance(data, (list, dict)):
+        data = [data]  # a lone value: one row, rejected with its type
     if isinstance(data, dict):  # {"data": [...]} or a single row
         lists = [v for v in data.values() if isinstance(v, list)]
         data = lists[0] if len(lists) == 1 and len(data) == 1 else [data]

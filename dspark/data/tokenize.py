@@ -24,6 +24,7 @@ from dspark.data.masks import (
     unmask_cut_turns,
 )
 from dspark.errors import BadInputError
+from dspark.fileio import write_text_atomic
 
 MANIFEST = "manifest.json"
 PREFLIGHT_ROWS = 32
@@ -148,10 +149,10 @@ def save_tokenized(
     extra: dict | None = None,
 ) -> Path:
     """`ds.save_to_disk(out_dir)` plus `manifest.json` beside the data files."""
-    out = Path(out_dir)
+    out = check_tokenized_output(out_dir)
     ds.save_to_disk(str(out))
     manifest = {
-        "format": "dspark-tokenized-v1",
+        "format": FORMAT,
         "target": target,
         "tokenizer": getattr(tokenizer, "name_or_path", None),
         "tokenizer_hash": tokenizer_hash(tokenizer),
@@ -166,7 +167,25 @@ def save_tokenized(
         **stats,
         **(extra or {}),
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return out
+
+
+FORMAT = "dspark-tokenized-v1"
+# What `save_tokenized` (with `datasets.save_to_disk`) and `tokenize_file` write.
+WRITES = (MANIFEST, "state.json", "dataset_info.json", "data-*.arrow", "rejected.jsonl")
+
+
+def check_tokenized_output(out_dir: str | os.PathLike, key: str = "--output") -> Path:
+    """`out_dir` as a place a tokenized set may be written: a new or writable directory that
+    is empty of the files it writes or holds an earlier tokenized set (which is replaced)."""
+    from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
+
+    out = require_output_dir(out_dir, key)
+    manifest = out / MANIFEST
+    ours = manifest.exists() and (read_json_object(manifest) or {}).get("format") == FORMAT
+    if not ours:
+        refuse_foreign(out, WRITES, marker=f"{FORMAT} {MANIFEST}", what="tokenize", key=key)
     return out
 
 
@@ -188,16 +207,17 @@ def tokenize_file(
 
     `input_path` may join several sources with commas: their rows are tokenized into one set,
     in that order (one set is what a feature cache and `data.features` take)."""
-    from dspark.data.sources import load_prompts, write_rejected
+    from dspark.data.sources import load_prompts, require_rows, write_rejected
 
+    sources = [p.strip() for p in str(input_path).split(",") if p.strip()]
+    if not sources:
+        raise BadInputError(f"--input {input_path!r} names no source")
+    check_tokenized_output(output_dir)
+    sets = [require_rows(load_prompts(src), src, "--input") for src in sources]
     if tokenizer is None:
         from dspark.target import load_tokenizer
 
         tokenizer = load_tokenizer(target)
-    sources = [p.strip() for p in str(input_path).split(",") if p.strip()]
-    if not sources:
-        raise BadInputError(f"--input {input_path!r} names no source")
-    sets = [load_prompts(src) for src in sources]
     rows = [row for ps in sets for row in ps.rows]
     ds, stats = tokenize_rows(
         rows,
@@ -217,6 +237,9 @@ def tokenize_file(
         source=str(input_path),
         extra={"chat_template_kwargs": chat_template_kwargs or {}},
     )
+    report = Path(output_dir) / "rejected.jsonl"
     if stats["rejected_rows"]:
-        write_rejected(sets, Path(output_dir) / "rejected.jsonl")
+        write_rejected(sets, report)
+    else:  # an earlier set's report would describe rows this set does not have
+        report.unlink(missing_ok=True)
     return stats
