@@ -273,7 +273,8 @@ def test_export_script_and_init_from(tiny_target, tmp_path):
         text=True,
         env=env,
     )
-    assert res.returncode == 1 and "markov_head_type='rnn'" in res.stderr
+    assert res.returncode == 2 and "markov_head_type='rnn'" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("export: error: ")
     from types import SimpleNamespace
 
     from dspark.training.build import build_draft

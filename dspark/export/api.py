@@ -1,4 +1,9 @@
-"""`export_draft`: write a draft in a serving layout, atomically, refusing what engines misserve."""
+"""`export_draft`: write a draft in a serving layout, atomically, refusing what engines misserve.
+
+Every export holds `export.json` (format, dtype, source, dspark version): it is what makes a
+directory recognisable as an export, and `overwrite=True` replaces only such a directory, never
+the source draft, a directory around or inside it, or a training run directory.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +11,12 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
+from dspark.errors import BadInputError, UserError
 from dspark.export.checks import serving_problems
 from dspark.export.layouts import (
     FAMILY_ARCHITECTURES,
@@ -28,21 +35,123 @@ DTYPES = {
 }
 
 
-class NotServableError(ValueError):
+PROVENANCE = "export.json"
+# what an export directory holds; anything else in it is not ours to delete
+EXPORT_FILES = frozenset({"config.json", "model.safetensors", "README.md", PROVENANCE})
+# what a training run directory holds (train/distill.py): an export never replaces one
+RUN_MARKERS = ("checkpoints", "run_config.json", "metrics.jsonl")
+
+
+class NotServableError(BadInputError):
     """The draft would be served wrong by the engines the export is for; the message says why."""
+
+
+class OutputExistsError(UserError, FileExistsError):
+    """The output directory exists and is not replaced (no overwrite, or not an export)."""
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"export dtype must be bfloat16 or float32 (got {dtype})")
+            raise BadInputError(f"export dtype must be bfloat16 or float32 (got {dtype})")
         return dtype
     try:
         return DTYPES[dtype]
     except KeyError:
-        raise ValueError(
+        raise BadInputError(
             f"unknown export dtype {dtype!r}; use bfloat16 (default) or float32"
         ) from None
+
+
+def _run_dir(path: Path) -> Path | None:
+    """`path` or one of its subdirectories if it is a training run directory, else None."""
+    for p in (path, *(c for c in path.iterdir() if c.is_dir())):
+        if any((p / m).exists() for m in RUN_MARKERS):
+            return p
+    return None
+
+
+def _not_an_export(path: Path) -> str | None:
+    """Why the directory `path` is not one `export_draft` wrote (None if it is): it holds
+    entries an export does not write, or neither `export.json` nor (exports written before
+    that file existed) the README's own heading."""
+    foreign = sorted(c.name for c in path.iterdir() if c.name not in EXPORT_FILES or c.is_dir())
+    if foreign:
+        more = ", ..." if len(foreign) > 8 else ""
+        return f"it holds {', '.join(foreign[:8])}{more}, which an export does not write"
+    if (path / PROVENANCE).is_file():
+        return None
+    readme = path / "README.md"
+    if readme.is_file() and readme.read_text(errors="replace").startswith("# DSpark draft ("):
+        return None
+    return f"it holds no {PROVENANCE}"
+
+
+def check_output(out: Path, source: Path | None, overwrite: bool) -> None:
+    """Refuse an output directory whose replacement would lose what was written before.
+
+    `out` and `source` (the draft directory read, None for a model in memory) are resolved.
+    Never allowed: `out` is the source, holds it or lies inside it; `out` is (or holds) a
+    training run directory. An existing `out` is replaced only with `overwrite` and only when
+    it is a previous export.
+    """
+    fix = "choose a new output directory, e.g. exports/NAME"
+    if source is not None:
+        if out == source:
+            raise BadInputError(
+                f"the output directory {out} is the source draft itself: exporting would replace "
+                f"the draft it reads; {fix}"
+            )
+        if out in source.parents:
+            raise BadInputError(
+                f"the output directory {out} holds the source draft {source}: replacing it "
+                f"would delete the draft (and whatever lies beside it); {fix}"
+            )
+        if source in out.parents:
+            raise BadInputError(
+                f"the output directory {out} lies inside the source draft {source}; {fix} "
+                "outside it"
+            )
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise OutputExistsError(f"the output path {out} is a file, not an export; {fix}")
+    run = _run_dir(out)
+    if run is not None:
+        what = "is a training run directory" if run == out else f"holds the training run {run}"
+        raise BadInputError(
+            f"the output directory {out} {what} (checkpoints/, run_config.json or "
+            "metrics.jsonl): an export never replaces it; write the export to a new directory, "
+            f"e.g. {run / 'exports' / 'NAME'}"
+        )
+    why = _not_an_export(out)
+    if why is not None:
+        raise OutputExistsError(
+            f"the output directory {out} exists and is not an export ({why}): overwrite "
+            f"replaces only a previous export (a directory holding {PROVENANCE} and the files "
+            f"beside it); {fix}, or remove it yourself"
+        )
+    if not overwrite:
+        raise OutputExistsError(
+            f"{out} exists (a previous export); choose a new directory or pass overwrite=True "
+            "(--overwrite) to replace it"
+        )
+
+
+def _provenance(fmt: str, dtype: str, engine: str, source: str, target: str, k: int | None) -> dict:
+    import dspark
+
+    return {
+        "exported_by": "dspark",
+        "dspark_version": dspark.__version__,
+        "format": fmt,
+        "dtype": dtype,
+        "engine": engine,
+        "source": source,
+        "target": target,
+        "draft_vocab_size": k,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def resolve_verifier(config, verifier: str | None) -> tuple[str, list[str]]:
@@ -52,7 +161,7 @@ def resolve_verifier(config, verifier: str | None) -> tuple[str, list[str]]:
 
     name = verifier or config.target_name_or_path
     if not name:
-        raise ValueError(
+        raise BadInputError(
             "the draft's config names no target (target_name_or_path); pass verifier=/--target"
         )
     if name in EMBEDDED_ALIASES or name.startswith(TINY_PREFIX) or Path(name).expanduser().exists():
@@ -60,7 +169,9 @@ def resolve_verifier(config, verifier: str | None) -> tuple[str, list[str]]:
     archs: list[str] = []
     cfg_file = Path(name) / "config.json"
     if cfg_file.is_file():
-        archs = json.loads(cfg_file.read_text()).get("architectures") or []
+        from dspark.export.load import read_json
+
+        archs = read_json(cfg_file).get("architectures") or []
     if not archs:
         archs = [FAMILY_ARCHITECTURES[config.target_model_type]]
     return name, archs
@@ -85,27 +196,32 @@ def export_draft(
     for engines (default: the draft's `target_name_or_path`). `draft_vocab`: target ids to keep
     (a tensor / list, or a .json / .safetensors / .pt file with ids or d2t) for a reduced draft
     vocabulary. Written to a temporary sibling directory and renamed: a failed export leaves
-    nothing behind, and an existing `out_dir` is replaced only with `overwrite=True`.
+    nothing behind. An existing `out_dir` is replaced only with `overwrite=True` and only when
+    it is a previous export (its `export.json`); the source draft, a directory holding it and
+    a training run directory are refused (`check_output`). Refusals are `UserError`s
+    (`NotServableError`, `OutputExistsError`, `BadInputError`), whose message names the fix.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r}; use one of {FORMATS}")
+        raise BadInputError(f"unknown export format {fmt!r}; use one of {FORMATS}")
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; use one of {ENGINES}")
+        raise BadInputError(f"unknown engine {engine!r}; use one of {ENGINES}")
     torch_dtype = _dtype(dtype)
+    out = Path(out_dir).expanduser().resolve()
     source = "a DSparkDraftModel in memory"
+    source_dir = None
     if not isinstance(draft, torch.nn.Module):
+        source_dir = Path(draft).expanduser().resolve()
+        source = str(draft)
+    check_output(out, source_dir, overwrite)
+    if source_dir is not None:
         from dspark.export.load import load_draft
 
-        source = str(draft)
         draft = load_draft(draft)
     from dspark.training.lora import has_lora, merged_copy
 
     if has_lora(draft):  # LoRA-fine-tuned in memory: export the merged weights
         draft = merged_copy(draft)
     config = draft.config
-    out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; choose a new directory or pass overwrite=True")
 
     kept = None
     if draft_vocab is not None:
@@ -122,9 +238,9 @@ def export_draft(
     problems = serving_problems(config, draft.state_dict().keys())
     if problems and engine == "vllm":
         raise NotServableError(
-            "upstream vLLM / SGLang would not serve this draft as trained:\n- "
-            + "\n- ".join(problems)
-            + "\nPass engine='any' (--engine any) to export it anyway for DeepSpec or the "
+            "upstream vLLM / SGLang would not serve this draft as trained: "
+            + "; ".join(problems)
+            + ". Pass engine='any' (--engine any) to export it anyway for DeepSpec or the "
             "speculators package."
         )
     target, archs = resolve_verifier(config, verifier)
@@ -143,9 +259,17 @@ def export_draft(
     from safetensors.torch import save_file
 
     from dspark.export.readme import render
+    from dspark.fileio import apply_umask, dumps_strict
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    dtype_name = str(torch_dtype).removeprefix("torch.")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:  # no permission, a file on the way, a read-only file system
+        raise BadInputError(
+            f"cannot create the output directory {out} ({e.strerror}: {e.filename}); choose "
+            "a directory you can write"
+        ) from None
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
@@ -155,18 +279,24 @@ def export_draft(
                 config=config,
                 draft_dir=str(out),
                 target=target,
-                dtype=str(torch_dtype).removeprefix("torch."),
+                dtype=dtype_name,
                 draft_vocab_size=K,
                 problems=problems,
                 source=source,
             )
         )
-        tmp.chmod(0o755)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+        info = _provenance(fmt, dtype_name, engine, str(source_dir or source), target, K)
+        (tmp / PROVENANCE).write_text(dumps_strict(info, indent=2, sort_keys=True) + "\n")
+        # mkdtemp makes the directory 0700 and safetensors' writer may leave files 0600
+        apply_umask(tmp)
+        if out.exists():  # a previous export (check_output): swap, then drop the old one
+            old = tmp.with_name(tmp.name + ".old")
             os.replace(out, old)
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)

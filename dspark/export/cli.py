@@ -4,20 +4,23 @@ python data_scripts/export.py runs/quickstart/draft exports/smollm2-dspark      
 python data_scripts/export.py runs/quickstart/draft exports/smollm2-spec --format speculators
 python data_scripts/export.py DRAFT OUT --dtype float32 --engine any --target Qwen/Qwen3-8B
 
-The output directory holds config.json, model.safetensors and a README.md with the exact
-`vllm serve ... --speculative-config '{...}'` and SGLang commands (num_speculative_tokens =
-the draft's block size). A draft that vLLM / SGLang would serve wrong (gated / rnn heads, ...)
-is refused with the reasons unless --engine any.
+The output directory holds config.json, model.safetensors, export.json (format, dtype, source,
+dspark version) and a README.md with the exact `vllm serve ... --speculative-config '{...}'`
+and SGLang commands (num_speculative_tokens = the draft's block size). A draft that vLLM /
+SGLang would serve wrong (gated / rnn heads, ...) is refused with the reasons unless
+--engine any. --overwrite replaces OUT only when it is a previous export (its export.json);
+the source draft, a directory around or inside it and a training run directory are refused.
 """
 
 import argparse
-import sys
 
 
 def export_main(argv=None) -> int:
-    """Parse `argv`, export; 0 on success, 1 when the export is refused (message on stderr)."""
+    """Parse `argv`, export, return 0. A refused export raises a `UserError` (bad draft,
+    unservable draft, an OUT that must not be replaced), which `dspark.cli.export` prints as
+    one `export: error: ...` line with exit status 2."""
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("draft", help="draft directory (ours, DeepSpec or speculators layout)")
     p.add_argument("out", help="output directory (must not exist unless --overwrite)")
@@ -35,24 +38,22 @@ def export_main(argv=None) -> int:
         default=None,
         help="reduced draft vocabulary: .json ids / d2t, .safetensors or .pt (d2t or ids)",
     )
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace OUT if it is a previous export"
+    )
     a = p.parse_args(argv)
-    from dspark.export import NotServableError, export_draft
+    from dspark.export import export_draft
 
-    try:
-        out = export_draft(
-            a.draft,
-            a.out,
-            a.format,
-            dtype=a.dtype,
-            engine=a.engine,
-            verifier=a.target,
-            draft_vocab=a.draft_vocab,
-            overwrite=a.overwrite,
-        )
-    except (NotServableError, FileExistsError, FileNotFoundError, ValueError) as e:
-        print(f"export failed: {e}", file=sys.stderr)
-        return 1
+    out = export_draft(
+        a.draft,
+        a.out,
+        a.format,
+        dtype=a.dtype,
+        engine=a.engine,
+        verifier=a.target,
+        draft_vocab=a.draft_vocab,
+        overwrite=a.overwrite,
+    )
     print(f"wrote {out}\n")
     print((out / "README.md").read_text())
     return 0

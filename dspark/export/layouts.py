@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from dspark.config import DSparkConfig
+from dspark.errors import BadInputError
 
 # DSparkConfig keys that are not part of a plain decoder-layer (Qwen3) config.
 DSPARK_KEYS = (
@@ -115,18 +116,18 @@ def speculators_config(
 def dspark_kwargs_from_speculators(raw: dict[str, Any], source: str) -> dict[str, Any]:
     """`DSparkConfig` keyword arguments from a speculators-format config.json dict."""
     if raw.get("speculators_model_type") != "dspark":
-        raise ValueError(
+        raise BadInputError(
             f"{source}: speculators_model_type is {raw.get('speculators_model_type')!r}, not "
             "'dspark'; only DSpark speculators load as a dspark draft"
         )
     layer = dict(raw.get("transformer_layer_config") or {})
     if not layer:
-        raise ValueError(f"{source}: a speculators config without transformer_layer_config")
+        raise BadInputError(f"{source}: a speculators config without transformer_layer_config")
     aux = raw.get("aux_hidden_state_layer_ids")
     if not aux:
-        raise ValueError(f"{source}: aux_hidden_state_layer_ids is missing")
+        raise BadInputError(f"{source}: aux_hidden_state_layer_ids is missing")
     if not raw.get("sample_from_anchor", False):
-        raise ValueError(
+        raise BadInputError(
             f"{source}: sample_from_anchor is false (a 1+N block layout, anchor not sampled); "
             "dspark drafts are anchor-first and cannot run it"
         )

@@ -10,51 +10,92 @@ Layouts, told apart by config.json:
   decoder-layer ids).
 A reduced draft vocabulary (`d2t`) cannot run in dspark's decoder, which proposes over the
 full target vocabulary: such a directory is refused with that reason.
+
+A directory that is not a readable draft (no or cut-off config.json, missing or damaged
+weights, weights of another shape) is a `UserError` naming the file, not a traceback.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError
+
+from dspark.errors import BadInputError, MissingPathError, UserError
+
+RESAVE = (
+    "re-save or re-export the draft (a copy cut off mid-write, or edited by hand, is not readable)"
+)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`, or a `BadInputError` naming the file (cut off, not JSON, not
+    an object)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInputError(f"{path} is not valid JSON ({e}); {RESAVE}") from None
+    if not isinstance(raw, dict):
+        raise BadInputError(f"{path} holds a JSON {type(raw).__name__}, not an object; {RESAVE}")
+    return raw
+
+
+def _one_line(e: BaseException, lines: int = 4) -> str:
+    """`e`'s message on one line (its first `lines` lines), for a one-line error."""
+    parts = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return " ".join(parts[:lines]) + (" ..." if len(parts) > lines else "") or type(e).__name__
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise BadInputError(f"{path} is not a readable safetensors file ({e}); {RESAVE}") from None
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     single = path / "model.safetensors"
     if single.is_file():
-        return load_file(str(single))
+        return read_safetensors(single)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise BadInputError(f"{index} has no weight_map; {RESAVE}")
         state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(str(path / f)))
+        for f in sorted(set(weight_map.values())):
+            if not (path / f).is_file():
+                raise MissingPathError(f"{index} names the shard {f}, which is missing; {RESAVE}")
+            state.update(read_safetensors(path / f))
         return state
-    raise FileNotFoundError(
+    raise MissingPathError(
         f"{path} holds no model.safetensors (or sharded index): not a draft weights directory"
     )
 
 
 def layout_of(path: str | Path) -> str:
-    """`dspark` | `dflash_nested` | `speculators` for a draft directory, or a ValueError."""
+    """`dspark` | `dflash_nested` | `speculators` for a draft directory, or a `UserError`
+    (a `FileNotFoundError` / `ValueError`) that names the file."""
     path = Path(path).expanduser()
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"{cfg_file} not found: point at a draft directory (train/distill.py writes "
             "<run>/draft; dspark export writes deepspec / speculators directories)"
         )
-    raw = json.loads(cfg_file.read_text())
+    raw = read_json(cfg_file)
     if "speculators_model_type" in raw:
         return "speculators"
     if "block_size" in raw and "target_layer_ids" in raw:
         return "dspark"
     if "block_size" in raw and "target_layer_ids" in (raw.get("dflash_config") or {}):
         return "dflash_nested"
-    raise ValueError(
+    raise BadInputError(
         f"{cfg_file} is not a DSpark draft config of a known layout: expected block_size and "
         "target_layer_ids (dspark / DeepSpec / vLLM), dflash_config.target_layer_ids, or "
         "speculators_model_type='dspark' (found keys: "
@@ -75,17 +116,24 @@ def load_draft(
 
     path = Path(path).expanduser()
     layout = layout_of(path)
-    raw = json.loads((path / "config.json").read_text())
+    raw = read_json(path / "config.json")
     reduced = raw.get("draft_vocab_size")
     vocab = (raw.get("transformer_layer_config") or raw).get("vocab_size")
     if reduced is not None and vocab is not None and int(reduced) < int(vocab):
-        raise ValueError(
+        raise BadInputError(
             f"{path} has a reduced draft vocabulary ({reduced} of {vocab} tokens, d2t): dspark's "
             "decoder proposes over the full target vocabulary. Load the full-vocabulary draft "
             "it was exported from (export without draft_vocab)."
         )
     if layout == "dspark":
-        model = DSparkDraftModel.from_pretrained(path, dtype=dtype)
+        try:
+            model = DSparkDraftModel.from_pretrained(path, dtype=dtype)
+        except UserError:
+            raise
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+            # transformers' OSError for missing weights, a DSparkConfig check (the dspark < 0.2
+            # one carries the conversion command), a shape mismatch, a damaged weights file
+            raise BadInputError(f"{path} cannot be loaded as a draft: {_one_line(e)}") from None
     else:
         if layout == "speculators":
             from dspark.export.layouts import dspark_kwargs_from_speculators
@@ -102,16 +150,25 @@ def load_draft(
                 mask_token_id=nested.get("mask_token_id", raw.get("mask_token_id")),
                 target_layer_ids=nested["target_layer_ids"],
             )
-        config = DSparkConfig(**kw)
+        try:
+            config = DSparkConfig(**kw)
+        except (TypeError, ValueError) as e:
+            raise BadInputError(f"{path / 'config.json'}: {e}") from None
         model = DSparkDraftModel(config)
         state = {
             k: v
             for k, v in _read_weights(path).items()
             if k not in ("d2t", "t2d", "verifier_lm_head.weight", "verifier_norm.weight")
         }
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as e:  # a tensor of another shape than the config describes
+            raise BadInputError(
+                f"{path}/model.safetensors does not match the draft its config describes: "
+                f"{_one_line(e)}"
+            ) from None
         if missing or unexpected:
-            raise ValueError(
+            raise BadInputError(
                 f"{path}/model.safetensors does not match the draft its config describes: "
                 f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
             )

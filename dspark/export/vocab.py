@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from dspark.errors import BadInputError, MissingPathError
+
 
 def mapping_from_ids(
     ids, vocab_size: int, *, source: str = "draft vocabulary"
@@ -23,12 +25,12 @@ def mapping_from_ids(
     """Target ids the draft keeps (any order, no repeats) -> `(d2t [K] long, t2d [V] bool)`."""
     ids = torch.as_tensor(ids, dtype=torch.long).flatten()
     if ids.numel() == 0:
-        raise ValueError(f"{source} is empty: keep at least one token")
+        raise BadInputError(f"{source} is empty: keep at least one token")
     uniq = torch.unique(ids)  # sorted
     if uniq.numel() != ids.numel():
-        raise ValueError(f"{source} repeats token ids; list each kept target id once")
+        raise BadInputError(f"{source} repeats token ids; list each kept target id once")
     if int(uniq[0]) < 0 or int(uniq[-1]) >= vocab_size:
-        raise ValueError(
+        raise BadInputError(
             f"{source} holds ids outside the target vocabulary [0, {vocab_size}) "
             f"(min {int(uniq[0])}, max {int(uniq[-1])}): it was built for another tokenizer"
         )
@@ -42,19 +44,21 @@ def ids_from_d2t(d2t: torch.Tensor, vocab_size: int, *, source: str = "d2t") -> 
     """Check a `d2t` tensor and return the kept target ids (strictly increasing)."""
     d2t = torch.as_tensor(d2t).flatten()
     if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-        raise ValueError(f"{source} must hold integer offsets (got {d2t.dtype})")
+        raise BadInputError(f"{source} must hold integer offsets (got {d2t.dtype})")
     K = d2t.numel()
     if not 0 < K <= vocab_size:
-        raise ValueError(
+        raise BadInputError(
             f"{source} has {K} entries, but a draft vocabulary holds 1..{vocab_size} tokens of "
             "this target: it belongs to another target, or is not a d2t (t2d has one entry per "
             "target token)"
         )
     ids = d2t.long() + torch.arange(K)
     if K > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        raise ValueError(f"{source} maps draft ids to target ids that are not strictly increasing")
+        raise BadInputError(
+            f"{source} maps draft ids to target ids that are not strictly increasing"
+        )
     if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
-        raise ValueError(
+        raise BadInputError(
             f"{source} maps to target ids outside [0, {vocab_size}): built for another target"
         )
     return ids
@@ -65,32 +69,44 @@ def read_vocab_file(path: str | os.PathLike, vocab_size: int) -> torch.Tensor:
     or `.pt` holding `d2t` (offsets) or `ids` (target ids)."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"draft vocabulary file {p} does not exist")
+        raise MissingPathError(f"draft vocabulary file {p} does not exist")
     if p.suffix == ".json":
-        raw = json.loads(p.read_text())
+        try:
+            raw = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadInputError(f"{p} is not valid JSON ({e}); rewrite the file") from None
         if isinstance(raw, dict):
             if "d2t" in raw:
                 return ids_from_d2t(torch.tensor(raw["d2t"]), vocab_size, source=f"{p}: d2t")
             raw = raw.get("ids")
         if not isinstance(raw, list):
-            raise ValueError(f"{p}: expected a JSON list of target ids, or {{'d2t': [...]}}")
+            raise BadInputError(f"{p}: expected a JSON list of target ids, or {{'d2t': [...]}}")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+            raise BadInputError(f"{p}: expected a JSON list of integer target ids")
         ids = torch.tensor(raw, dtype=torch.long)
         mapping_from_ids(ids, vocab_size, source=str(p))
         return torch.unique(ids)
     if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from dspark.export.load import read_safetensors
 
-        tensors = load_file(str(p))
+        tensors = read_safetensors(p)
     elif p.suffix in (".pt", ".pth"):
-        tensors = torch.load(p, map_location="cpu", weights_only=True)
+        try:
+            tensors = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle's and torch's errors for a damaged / foreign file
+            raise BadInputError(f"{p} is not a readable torch file ({e})") from None
         if isinstance(tensors, torch.Tensor):
             tensors = {"d2t": tensors}
+        if not isinstance(tensors, dict):
+            raise BadInputError(f"{p} holds a {type(tensors).__name__}, not d2t / ids tensors")
     else:
-        raise ValueError(f"{p}: unknown draft vocabulary file type; use .json, .safetensors or .pt")
+        raise BadInputError(
+            f"{p}: unknown draft vocabulary file type; use .json, .safetensors or .pt"
+        )
     if "d2t" in tensors:
         return ids_from_d2t(tensors["d2t"], vocab_size, source=f"{p}: d2t")
     if "ids" in tensors:
         ids = tensors["ids"].long()
         mapping_from_ids(ids, vocab_size, source=f"{p}: ids")
         return torch.unique(ids)
-    raise ValueError(f"{p} holds neither `d2t` nor `ids` (found {sorted(tensors)})")
+    raise BadInputError(f"{p} holds neither `d2t` nor `ids` (found {sorted(tensors)})")
