@@ -1,7 +1,9 @@
 """The benchmark's run config: the one place its keys and defaults live.
 
 `conf/benchmark.yaml` only names this schema; Hydra merges command-line overrides onto it
-and rejects keys it does not declare. `check_overrides` adds a "did you mean" to that.
+and rejects keys it does not declare. `check_overrides` adds a "did you mean" to that;
+`check` refuses values the run cannot use (a count below 1, a policy or dataset that does not
+exist), before any model is loaded.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ import difflib
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
-from dspark.errors import UserError
+from dspark.errors import BadInputError, UserError
 
 SCHEMA_NAME = "benchmark_schema"
+VERIFY_POLICIES = ("full", "threshold", "scheduler")  # SpeculativeDecoder's verify_policy
+SCHEDULER_BATCHES = ("padded", "ragged")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -108,3 +113,84 @@ def check_overrides(argv: list[str] | None = None) -> None:
         raise UserError(
             f"unknown config key '{key}' in '{arg}'.{hint} Known keys: {', '.join(sorted(known))}"
         )
+
+
+def _at_least(cfg, key: str, low: int, fix: str, optional: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is None and optional:
+        return
+    if value is None or value < low:
+        raise BadInputError(f"{key}={value} must be >= {low}: {fix}")
+
+
+def _one_of(cfg, key: str, choices: tuple[str, ...], optional: bool = False) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is None and optional:
+        return
+    if value not in choices:
+        none = " or null" if optional else ""
+        raise BadInputError(f"{key}={value!r} is not one of {', '.join(choices)}{none}")
+
+
+def check(cfg) -> None:
+    """Raise a `BadInputError` naming the key and its allowed values for a value the run
+    cannot use; cheap (no model is loaded), so it runs before anything else."""
+    import torch
+
+    from dspark.eval.baselines import BASELINES
+    from dspark.eval.prompts import check_datasets
+
+    _at_least(cfg, "num_prompts", 1, "the number of conversations per dataset, e.g. 40")
+    _at_least(cfg, "max_new_tokens", 1, "the tokens generated per request, e.g. 256")
+    _at_least(cfg, "batch_size", 1, "requests per decoder call, e.g. 1")
+    _at_least(cfg, "warmup", 0, "untimed warm-up calls per decoder, e.g. 1")
+    _at_least(cfg, "top_k", 0, "0 disables the top-k filter")
+    _at_least(cfg, "num_threads", 1, "a CPU thread count, or null for torch's default", True)
+    _at_least(cfg, "calibration.bins", 1, "the bins of the reliability diagram, e.g. 20")
+    _at_least(cfg, "baselines.assistant_layers", 1, "or null for a quarter of the target's", True)
+    _at_least(cfg, "baselines.num_assistant_tokens", 1, "or null for transformers' default", True)
+    _at_least(cfg, "baselines.prompt_lookup_num_tokens", 1, "e.g. 10")
+    _at_least(cfg, "baselines.prompt_lookup_max_ngram", 1, "e.g. 2")
+    if not cfg.temperature >= 0:
+        raise BadInputError(
+            f"temperature={cfg.temperature} must be >= 0 (0: greedy; e.g. temperature=0.8)"
+        )
+    if not 0 < cfg.top_p <= 1:
+        raise BadInputError(f"top_p={cfg.top_p} must be in (0, 1] (1: no nucleus filter)")
+    threshold = cfg.confidence_threshold
+    if threshold is not None and not 0 <= threshold <= 1:
+        raise BadInputError(
+            f"confidence_threshold={threshold} must be in [0, 1] (or null: verify every draft)"
+        )
+    _one_of(cfg, "verify_policy", VERIFY_POLICIES, optional=True)
+    if cfg.verify_policy == "threshold" and threshold is None:
+        raise BadInputError(
+            "verify_policy=threshold needs confidence_threshold=<0..1>, e.g. "
+            "confidence_threshold=0.5"
+        )
+    _one_of(cfg, "scheduler_batch", SCHEDULER_BATCHES)
+    _one_of(cfg, "dtype", DTYPES)
+    _one_of(cfg, "draft_dtype", DTYPES, optional=True)
+    unknown = [b for b in cfg.baselines.run if b not in BASELINES]
+    if unknown:
+        raise BadInputError(
+            f"baselines.run={list(cfg.baselines.run)}: unknown {unknown}; choose from "
+            f"{', '.join(BASELINES)}, or baselines.run=[] for none"
+        )
+    if cfg.device != "auto":
+        try:
+            device = torch.device(cfg.device)
+        except RuntimeError:
+            raise BadInputError(
+                f"device={cfg.device!r} is not a device; use auto, cpu, cuda or cuda:N"
+            ) from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise BadInputError(
+                f"device={cfg.device} but no CUDA device is visible here; use device=cpu (or auto)"
+            )
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise BadInputError(
+                f"device={cfg.device}: only {torch.cuda.device_count()} CUDA device(s) are "
+                "visible; use cuda:0 .. cuda:N-1 (or auto)"
+            )
+    check_datasets(list(cfg.datasets), cfg.bench_dir)

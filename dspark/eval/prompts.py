@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from dspark.errors import MissingPathError
+from dspark.errors import BadInputError, MissingPathError
 
 EMBEDDED = "embedded"  # the name of the project's own held-out prompt set in `datasets`
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -63,14 +63,20 @@ def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BadInputError(
+                    f"{path}:{lineno}: not a JSON line ({e}); each line holds one "
+                    '{"turns": [...]} object'
+                ) from None
             turns = row.get("turns") if isinstance(row, dict) else None
             if (
                 not isinstance(turns, list)
                 or not turns
                 or not all(isinstance(t, str) for t in turns)
             ):
-                raise ValueError(
+                raise BadInputError(
                     f"{path}:{lineno}: expected an object with a non-empty list of strings under "
                     f'"turns", got {line[:120]!r}'
                 )
@@ -104,20 +110,41 @@ def _as_turns(row) -> list[str]:
     raise ValueError(f"cannot read user turns from prompt row {str(row)[:120]!r}")
 
 
+def dataset_path(name: str, bench_dir: str | Path | None) -> Path:
+    """The JSONL file of the prompt set `name` (not `embedded`), or a `UserError` that lists
+    the sets there are."""
+    root = find_bench_dir(bench_dir)
+    path = root / f"{name}.jsonl"
+    if not path.is_file():
+        found = sorted(p.stem for p in root.glob("*.jsonl"))
+        raise MissingPathError(
+            f"datasets: no prompt set {name!r} ({path} does not exist). Known names: "
+            f"{', '.join(found + [EMBEDDED])}; or set bench_dir= (or ${BENCH_ENV}) to the "
+            "folder that holds it."
+        )
+    return path
+
+
+def check_datasets(names: list[str], bench_dir: str | Path | None) -> None:
+    """Refuse an empty `datasets`, a repeated name or one with no prompt set (before any
+    model is loaded)."""
+    if not names:
+        raise BadInputError(
+            f"datasets is empty; name at least one, e.g. datasets=[gsm8k] or [{EMBEDDED}]"
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BadInputError(f"datasets names {repeated} more than once; list each set once")
+    for name in names:
+        if name != EMBEDDED:
+            dataset_path(name, bench_dir)
+
+
 def load_dataset(name: str, bench_dir: str | Path | None, limit: int | None) -> list[list[str]]:
     """`embedded` or the stem of a JSONL file in `bench_dir` (e.g. gsm8k, mt-bench)."""
     if name == EMBEDDED:
         return load_embedded(limit)
-    root = find_bench_dir(bench_dir)
-    path = root / f"{name}.jsonl"
-    if not path.exists():
-        found = sorted(p.stem for p in root.glob("*.jsonl")) if root.is_dir() else []
-        raise FileNotFoundError(
-            f"no prompt set {name!r}: {path} does not exist. Known here: "
-            f"{', '.join(found + [EMBEDDED]) or EMBEDDED}; set bench_dir= (or ${BENCH_ENV}) to "
-            "another folder."
-        )
-    return load_turns(path, limit)
+    return load_turns(dataset_path(name, bench_dir), limit)
 
 
 def render(tokenizer, turns: list[str], answers: list[str], system_prompt: str | None = None):
