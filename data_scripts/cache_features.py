@@ -16,6 +16,7 @@ import json
 import sys
 
 from dspark.data import feature_cache as fc
+from dspark.data.cli import TARGET_DTYPES, check_device
 from dspark.errors import user_errors
 
 
@@ -54,7 +55,9 @@ def _main(argv=None) -> int:
         help="e.g. 1,8,14,21,27 (default: the draft's)",
     )
     p.add_argument("--num-layers-tapped", type=int, default=5)
-    p.add_argument("--target-dtype", default="float32", help="the target's own dtype")
+    p.add_argument(
+        "--target-dtype", default="float32", choices=TARGET_DTYPES, help="the target's own dtype"
+    )
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if any)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--shard-mb", type=float, default=fc.DEFAULT_SHARD_MB)
@@ -68,6 +71,7 @@ def _main(argv=None) -> int:
     if writes and not (a.data and a.output):
         p.error("--data and --output are needed to write a cache")
     if writes:  # before the estimate and the target load: a wrong path costs seconds
+        check_device(p, a.device)
         fc.load_tokenized(a.data)
         fc.check_cache_output(a.output)
 

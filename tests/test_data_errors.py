@@ -310,3 +310,31 @@ def test_an_output_the_os_says_is_unwritable_is_one_error_line(
     src = jsonl(tmp_path / "in.jsonl", ROWS[:1])
     line = error_line(capsys, prog, _argv(prog, ro, tokenized, src))
     assert f"--output {ro}: it is not writable" in line
+
+
+# -- option values argparse cannot check by type alone ----------------------------------------
+@pytest.mark.parametrize(
+    "prog, extra, needle",
+    [
+        ("regenerate", ["--max-new-tokens", "0"], "--max-new-tokens 0: must be >= 1"),
+        ("regenerate", ["--temperature", "-1"], "--temperature must be >= 0"),
+        ("regenerate", ["--device", "gpu"], "--device 'gpu': not a device"),
+        ("regenerate", ["--dtype", "fp33"], "argument --dtype: invalid choice: 'fp33'"),
+        ("tokenize", ["--max-length", "0"], "--max-length 0: must be >= 1"),
+        ("cache_features", ["--device", "gpu"], "--device 'gpu': not a device"),
+        ("cache_features", ["--layer-ids", "1,x"], "'1,x': expected comma-separated ints"),
+        ("cache_features", ["--layer-ids", "1,99"], "--layer-ids [99] cannot be tapped"),
+    ],
+)
+def test_a_bad_option_value_is_refused_before_the_target_loads(
+    prog, extra, needle, tmp_path, tokenized, tiny_target_dir, capsys
+):
+    tiny_target_dir("llama")
+    src = jsonl(tmp_path / "in.jsonl", ROWS[:1])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        PROGS[prog]([*_argv(prog, tmp_path / "new", tokenized, src), *extra])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "error: " in last and needle in last, last
+    assert not (tmp_path / "new").exists()

@@ -21,6 +21,27 @@ def _json_arg(text):
     return value
 
 
+TARGET_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
+
+
+def check_device(p: argparse.ArgumentParser, device: str | None, key: str = "--device") -> None:
+    """`p.error` (one line, status 2) for a device torch does not know or this machine lacks."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        p.error(f"{key} {device!r}: not a device; use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            p.error(f"{key} {device}: this machine has no CUDA device; use --device cpu")
+        if dev.index is not None and dev.index >= n:
+            p.error(f"{key} {device}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+
+
 def _tokenize_args(p):
     p.add_argument("--max-length", type=int, default=2048, help="truncate sequences (tokens)")
     p.add_argument(
@@ -94,6 +115,7 @@ def regenerate_main(argv=None) -> int:
     p.add_argument(
         "--dtype",
         default=None,
+        choices=TARGET_DTYPES,
         help="float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)",
     )
     p.add_argument(
@@ -130,6 +152,14 @@ def regenerate_main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true")
     _tokenize_args(p)
     a = p.parse_args(argv)
+    if a.max_new_tokens < 1:
+        p.error(f"--max-new-tokens {a.max_new_tokens}: must be >= 1")
+    if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
+        p.error("--temperature must be >= 0 (0 = greedy), --top-p in (0, 1], --top-k >= 0")
+    if not a.server:
+        check_device(p, a.device)
+    if a.max_length < 1:
+        p.error(f"--max-length {a.max_length}: must be >= 1")
 
     import torch
 
@@ -266,6 +296,8 @@ def tokenize_main(argv=None) -> int:
     p.add_argument("--chat-template-kwargs", type=_json_arg, default=None)
     _tokenize_args(p)
     a = p.parse_args(argv)
+    if a.max_length < 1:
+        p.error(f"--max-length {a.max_length}: must be >= 1")
     from dspark.data.tokenize import tokenize_file
 
     stats = tokenize_file(
