@@ -148,3 +148,17 @@ def test_draft_without_weights_names_the_directory(tiny_target, tmp_path, bench_
          f"output_dir={tmp_path / 'out'}"],
     )  # fmt: skip
     assert f"{draft} cannot be loaded as a draft" in line and "model.safetensors" in line
+
+
+@pytest.mark.parametrize(
+    "arg, needle",
+    [("num_prompts=abc", "num_prompts='abc'"), ("temperature=hot", "temperature='hot'")],
+)
+def test_mistyped_value_is_one_line(arg, needle):
+    from dspark.errors import UserError
+    from dspark.eval.config import check_overrides
+
+    with pytest.raises(UserError, match=needle) as e:
+        check_overrides(["draft=x", "datasets=[gsm8k,embedded]", arg])
+    assert "\n" not in str(e.value)
+    check_overrides(["draft=x", "datasets=[gsm8k,embedded]", "num_prompts=3", "top_p=0.9"])

@@ -97,12 +97,16 @@ def _keys(cls, prefix: str = "") -> dict[str, object]:
 
 
 def check_overrides(argv: list[str] | None = None) -> None:
-    """Raise a `UserError` with a 'did you mean' for a `key=value` argument naming no key.
+    """Raise a `UserError` with a 'did you mean' for a `key=value` argument naming no key, and
+    one for a value its key's type rejects (`num_prompts=abc`).
 
-    Hydra rejects such keys too; this only makes the message point at the likely spelling.
+    Hydra rejects both too, but in a multi-line block; this makes it one line with the fix.
     """
+    from dspark.overrides import check_overrides as check_types
+
+    args = sys.argv[1:] if argv is None else argv
     known = _keys(BenchmarkConfig)
-    for arg in sys.argv[1:] if argv is None else argv:
+    for arg in args:
         if arg.startswith("-") or "=" not in arg:
             continue
         key = arg.split("=", 1)[0].lstrip("+~")
@@ -113,6 +117,7 @@ def check_overrides(argv: list[str] | None = None) -> None:
         raise UserError(
             f"unknown config key '{key}' in '{arg}'.{hint} Known keys: {', '.join(sorted(known))}"
         )
+    check_types(args, BenchmarkConfig)
 
 
 def _at_least(cfg, key: str, low: int, fix: str, optional: bool = False) -> None:
