@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark.errors import MissingPathError
+from dspark.errors import BadInputError, MissingPathError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -116,7 +116,7 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
             "float16": torch.float16,
         }[dtype]
     except KeyError:
-        raise ValueError(
+        raise BadInputError(
             f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16"
         ) from None
 
