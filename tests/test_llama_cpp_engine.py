@@ -1,0 +1,84 @@
+"""The llama.cpp engine adapter: the figures it derives from llama.cpp's timings (by hand), the
+flags it passes, and its errors; the real engine runs where xllamacpp is installed."""
+
+from __future__ import annotations
+
+import builtins
+
+import pytest
+
+from dspark.errors import MissingPackageError
+from dspark.eval.llama_cpp import Completion, EngineSettings, Mode, ModeRun, server_args
+
+
+def test_tau_rounds_and_break_even_from_timings_by_hand():
+    plain = ModeRun(Mode("none"), [Completion("a", 100, 1000.0), Completion("b", 50, 500.0)])
+    # 150 tokens, 90 accepted drafts -> 60 target passes; tau 2.5; 1.2 s -> 20 ms a round
+    spec = ModeRun(
+        Mode("draft-dspark", 3),
+        [Completion("a", 100, 800.0, 150, 60), Completion("x", 50, 400.0, 75, 30)],
+    )
+    s = spec.summary(plain)
+    assert s["tau"] == pytest.approx(150 / 60)
+    assert s["round_ms"] == pytest.approx(1200.0 / 60)
+    assert s["plain_step_ms"] == pytest.approx(10.0)  # 1.5 s / 150 tokens
+    assert s["break_even_tau"] == pytest.approx(2.0)  # a 20 ms round = 2 plain steps
+    assert s["speedup_vs_plain"] == pytest.approx((150 / 1.2) / (150 / 1.5))
+    assert s["output_equals_plain"] == pytest.approx(0.5)
+    p = plain.summary(plain)
+    assert p["tau"] == pytest.approx(1.0) and p["break_even_tau"] == pytest.approx(1.0)
+
+
+def test_server_flags_per_mode():
+    s = EngineSettings("t.gguf", "d.gguf", threads=2, ctx=1024)
+    assert server_args(s, Mode()) == ["-m", "t.gguf", "-c", "1024", "-np", "1", "-t", "2",
+                                      "-tb", "2"]  # fmt: skip
+    spec = server_args(s, Mode("draft-dspark", 3, 0.5))
+    assert spec[-8:] == ["--spec-type", "draft-dspark", "-md", "d.gguf", "--spec-draft-n-max",
+                         "3", "--spec-draft-p-min", "0.5"]  # fmt: skip
+    assert server_args(s, Mode("ngram-mod", 16))[-4:] == [
+        "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "16"
+    ]  # fmt: skip
+
+
+def test_without_xllamacpp_the_engine_says_how_to_get_it(monkeypatch):
+    from dspark.eval.llama_cpp import InProcessEngine
+
+    real = builtins.__import__
+
+    def no_xllamacpp(name, *a, **k):
+        if name == "xllamacpp":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_xllamacpp)
+    with pytest.raises(MissingPackageError, match="pip install xllamacpp"):
+        InProcessEngine(EngineSettings("t.gguf"), Mode())
+
+
+def test_the_report_names_its_conditions():
+    from dspark.eval.llama_cpp_report import render_markdown
+
+    plain = ModeRun(Mode("none"), [Completion("a", 10, 100.0)])
+    spec = ModeRun(Mode("draft-dspark", 3), [Completion("a", 10, 80.0, 9, 5)])
+    results = {
+        "datasets": {"gsm8k": [plain.summary(plain), spec.summary(plain)]},
+        "conditions": {
+            "cpu": "Some CPU",
+            "engine": "xllamacpp",
+            "xllamacpp": "1.0",
+            "threads": 2,
+            "target_gguf": "t.gguf",
+            "target_file_type": "Q4_1",
+            "draft_gguf": "d.gguf",
+            "draft_file_type": "F16",
+            "block_size": 7,
+            "prompts_per_set": 1,
+            "max_new_tokens": 16,
+        },
+        "tuning": None,
+    }
+    md = render_markdown(results, None)
+    for needle in ("Some CPU", "2 threads", "Q4_1", "F16", "block size 7", "T=0"):
+        assert needle in md, needle
+    assert "| gsm8k | dspark n_max=3 p_min=0 | 125.0 | 1.25x | 2.00 |" in md
