@@ -82,3 +82,46 @@ def test_the_report_names_its_conditions():
     for needle in ("Some CPU", "2 threads", "Q4_1", "F16", "block size 7", "T=0"):
         assert needle in md, needle
     assert "| gsm8k | dspark n_max=3 p_min=0 | 125.0 | 1.25x | 2.00 |" in md
+
+
+def test_llama_cpp_serves_our_gguf_draft_losslessly(tiny_target, tiny_target_dir, tmp_path):
+    """The real engine: llama.cpp loads the tiny target (converted by llama.cpp's own converter)
+    and our tiny draft GGUF with --spec-type draft-dspark, drafts, and its greedy output equals
+    its plain greedy output."""
+    pytest.importorskip("xllamacpp", reason="the llama-cpp extra: pip install xllamacpp")
+    import subprocess
+    import sys
+
+    from test_export_gguf import CONVERT, FETCH, REFERENCE, random_draft
+
+    from dspark.eval.llama_cpp import decode_all, open_engine
+    from dspark.export.gguf import write_gguf
+
+    if not (REFERENCE / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(f"llama.cpp's converter is not at {REFERENCE}; fetch it with: {FETCH}")
+    target, tok = tiny_target("qwen3")
+    target_gguf = tmp_path / "target.gguf"
+    env = {"PYTHONPATH": str(REFERENCE / "gguf-py"), "NO_LOCAL_GGUF": ""}
+    res = subprocess.run(
+        [sys.executable, "-c", CONVERT, str(REFERENCE), str(tiny_target_dir("qwen3")),
+         "--outtype", "f32", "--outfile", str(target_gguf)],
+        capture_output=True, text=True, env={**__import__("os").environ, **env},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    draft = random_draft(target, tok, "qwen3")
+    draft_gguf = write_gguf(draft, tmp_path / "draft.gguf", target="tiny-qwen3", outtype="f32")
+    settings = EngineSettings(str(target_gguf), str(draft_gguf), threads=1, ctx=512)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)
+               for t in ("hello there", "count to ten", "what is a draft model")]  # fmt: skip
+    prompts = [list(p["input_ids"] if isinstance(p, dict) else p) for p in prompts]
+    runs = {}
+    for mode in (Mode(), Mode("draft-dspark", 3)):
+        engine = open_engine(settings, mode)
+        try:
+            runs[mode.spec] = decode_all(engine, prompts, 24, mode)
+        finally:
+            engine.close()
+    spec, plain = runs["draft-dspark"], runs["none"]
+    assert spec.drafted > 0  # it speculated with our draft
+    assert plain.tokens > 0
+    assert [c.text for c in spec.completions] == [c.text for c in plain.completions]
