@@ -64,6 +64,13 @@ quickstart: setup
 		num_prompts=$(QS_BENCH_PROMPTS) max_new_tokens=96 baselines.run=[] dtype=bfloat16 \
 		draft_dtype=bfloat16 \
 		output_dir=runs/quickstart/benchmark
+	@# The same draft and prompts in llama.cpp (plain, draft-dspark with tuned flags, n-gram),
+	@# beside the bundled decoder's figures: the engine a CPU user serves with.
+	@if $(PY) -c "import xllamacpp" 2>/dev/null; then \
+		$(PY) eval/llama_cpp_bench.py --draft runs/quickstart/draft --datasets embedded \
+			--num-prompts $(QS_BENCH_PROMPTS) --max-new-tokens 96 --tune-prompts 4 \
+			--ours runs/quickstart/benchmark/results.json --output-dir runs/quickstart/llama_cpp; \
+	else echo "llama.cpp comparison skipped: pip install xllamacpp (or: pip install -e '.[llama-cpp]')"; fi
 
 # A draft that pays off (recipes/smollm2.yaml; README: figures). Budget: <= 2 h on 2 cores.
 SM_DATA := runs/data/smollm2
