@@ -17,7 +17,6 @@ Prints the figures and writes runs/regen_speed/regen_speed.{json,md}.
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -29,17 +28,8 @@ import torch  # noqa: E402
 from dspark.data.cli import make_local_backend  # noqa: E402
 from dspark.data.regenerate import SamplingConfig  # noqa: E402
 from dspark.data.sources import load_prompts  # noqa: E402
+from dspark.machine import cpu_name  # noqa: E402
 from dspark.target import load_target  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def measure(backend, convs, chunk: int, sampling) -> dict:

@@ -12,23 +12,13 @@ bundled decoder's figures beside llama.cpp's.
 from __future__ import annotations
 
 import json
-import platform
 from pathlib import Path
 
 from dspark.eval.llama_cpp import EngineSettings, Mode, engine_conditions, run_modes, server_args
 from dspark.fileio import dumps_strict, write_text_atomic
+from dspark.machine import cpu_name
 
-P_MIN_GRID = (0.0, 0.3, 0.5, 0.7)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+P_MIN_GRID = (0.0, 0.5)  # confidence cut-offs tried per n_max (0: off)
 
 
 def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list[list[int]]]:

@@ -24,6 +24,7 @@ from dspark.eval import baselines as hf
 from dspark.eval import calibration as cal
 from dspark.eval.metrics import acceptance_stats, ratio, throughput
 from dspark.eval.prompts import load_dataset, render
+from dspark.machine import cpu_name
 
 RESULTS_VERSION = 1
 
@@ -337,9 +338,7 @@ def conditions(cfg, target_spec: str, draft, target, block_size: int, assistant_
         "warmup_calls": cfg.warmup,
         "device": str(param.device),
         "device_name": (
-            torch.cuda.get_device_name(param.device)
-            if param.device.type == "cuda"
-            else platform.processor() or "cpu"
+            torch.cuda.get_device_name(param.device) if param.device.type == "cuda" else cpu_name()
         ),
         "dtype": str(param.dtype).replace("torch.", ""),
         "draft_dtype": cfg.draft_dtype or str(param.dtype).replace("torch.", ""),

@@ -228,16 +228,9 @@ def export_draft(
         draft = merged_copy(draft)
     config = draft.config
 
-    kept = None
-    if draft_vocab is not None:
-        from dspark.export.vocab import mapping_from_ids, read_vocab_file
+    from dspark.export.vocab import kept_ids
 
-        V = int(config.vocab_size)
-        if isinstance(draft_vocab, (str, os.PathLike)):
-            kept = read_vocab_file(draft_vocab, V)
-        else:
-            kept = torch.unique(torch.as_tensor(draft_vocab, dtype=torch.long))
-            mapping_from_ids(draft_vocab, V)
+    kept = kept_ids(draft_vocab, int(config.vocab_size))
     K = None if kept is None else int(kept.numel())
 
     if fmt == "gguf":  # llama.cpp's own refusals replace vLLM's (dspark.export.gguf)

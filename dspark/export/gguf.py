@@ -161,16 +161,9 @@ def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
     if has_lora(model):  # LoRA-fine-tuned in memory: the merged weights
         model = merged_copy(model)
     config: Any = model.config
-    kept = None
-    if draft_vocab is not None:
-        from dspark.export.vocab import mapping_from_ids, read_vocab_file
+    from dspark.export.vocab import kept_ids
 
-        V = int(config.vocab_size)
-        if isinstance(draft_vocab, (str, os.PathLike)):
-            kept = read_vocab_file(draft_vocab, V)
-        else:
-            kept = torch.unique(torch.as_tensor(draft_vocab, dtype=torch.long))
-            mapping_from_ids(draft_vocab, V)
+    kept = kept_ids(draft_vocab, int(config.vocab_size))
     state = export_state(model, torch.float32, kept)
     state.pop("t2d", None)  # llama.cpp maps draft -> target ids only
     return config, state

@@ -110,3 +110,15 @@ def read_vocab_file(path: str | os.PathLike, vocab_size: int) -> torch.Tensor:
         mapping_from_ids(ids, vocab_size, source=f"{p}: ids")
         return torch.unique(ids)
     raise BadInputError(f"{p} holds neither `d2t` nor `ids` (found {sorted(tensors)})")
+
+
+def kept_ids(draft_vocab, vocab_size: int) -> torch.Tensor | None:
+    """The sorted target ids a reduced draft vocabulary keeps, from `draft_vocab` (None: the
+    full vocabulary; ids as a tensor / list, or a .json / .safetensors / .pt file of ids or
+    d2t), checked against `vocab_size`."""
+    if draft_vocab is None:
+        return None
+    if isinstance(draft_vocab, (str, os.PathLike)):
+        return read_vocab_file(draft_vocab, vocab_size)
+    mapping_from_ids(draft_vocab, vocab_size)  # validates: in range, no duplicates
+    return torch.unique(torch.as_tensor(draft_vocab, dtype=torch.long))
