@@ -125,3 +125,19 @@ def test_llama_cpp_serves_our_gguf_draft_losslessly(tiny_target, tiny_target_dir
     assert spec.drafted > 0  # it speculated with our draft
     assert plain.tokens > 0
     assert [c.text for c in spec.completions] == [c.text for c in plain.completions]
+
+
+def test_round_trip_compares_full_block_acceptance():
+    from dspark.eval.llama_cpp_report import ours_rows, round_trip
+
+    full = ModeRun(Mode("draft-dspark", 7), [Completion("a", 50, 100.0, 70, 30)])
+    part = ModeRun(Mode("draft-dspark", 3), [Completion("a", 50, 100.0, 30, 20)])
+    ours = {"datasets": {"gsm8k": {"acceptance": {"accepted": 32, "drafted": 70}, "speed": {}}}}
+    results = {
+        "conditions": {"block_size": 7},
+        "datasets": {"gsm8k": [full.summary(None), part.summary(None)]},
+        "ours": ours_rows(ours),
+    }
+    trip = round_trip(results)
+    assert trip["gsm8k"]["llama_cpp"] == 30 and trip["gsm8k"]["ours"] == 32
+    assert trip["gsm8k"]["difference_pct"] == pytest.approx(100 * 2 / 32)

@@ -14,7 +14,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dspark.eval.llama_cpp import EngineSettings, Mode, engine_conditions, run_modes, server_args
+from dspark.eval.llama_cpp import (
+    EngineSettings,
+    Mode,
+    ModeRun,
+    engine_conditions,
+    run_modes,
+    server_args,
+)
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_name
 
@@ -39,12 +46,18 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
         Mode("draft-dspark", n, p) for n in range(1, block_size) for p in p_grid
     ]
     runs = run_modes(settings, modes, prompts, max_new_tokens, progress=progress)
+
+    def pooled(mode: Mode) -> ModeRun:  # every tuning prompt of every set, as one run
+        return ModeRun(mode, [c for s in runs for c in runs[s][mode.name].completions])
+
+    plain = pooled(modes[0])
     grid: list[dict] = []
     for mode in modes[1:]:
-        tokens = sum(runs[s][mode.name].tokens for s in runs)
-        secs = sum(runs[s][mode.name].seconds for s in runs)
-        grid.append({"n_max": mode.n_max, "p_min": mode.p_min, "tokens_per_s": tokens / secs})
-    best = max(grid, key=lambda g: g["tokens_per_s"])
+        r = pooled(mode).summary(plain)
+        grid.append({"n_max": mode.n_max, "p_min": mode.p_min, "tokens_per_s": r["tokens_per_s"],
+                     "tau": r["tau"], "round_ms": r["round_ms"],
+                     "break_even_tau": r.get("break_even_tau")})  # fmt: skip
+    best = max(grid, key=lambda g: g["tokens_per_s"] or 0.0)
     return Mode("draft-dspark", int(best["n_max"]), float(best["p_min"])), grid
 
 
@@ -117,8 +130,25 @@ def ours_rows(ours: dict) -> dict:
             "spec_tokens_per_s": (speed.get("speculative") or {}).get("tokens_per_s"),
             "tau": (ds.get("acceptance") or {}).get("tau"),
             "greedy_match": speed.get("greedy_match"),
+            "accepted": (ds.get("acceptance") or {}).get("accepted"),
+            "drafted": (ds.get("acceptance") or {}).get("drafted"),
             "dtype": (ours.get("conditions") or {}).get("dtype"),
         }
+    return out
+
+
+def round_trip(results: dict) -> dict:
+    """Per set, llama.cpp's accepted drafts at full blocks against the bundled decoder's: the
+    same draft through the export should accept the same tokens (up to float rounding)."""
+    block = results["conditions"]["block_size"]
+    out = {}
+    for name, rows in results["datasets"].items():
+        ours = (results.get("ours") or {}).get(name) or {}
+        full = [r for r in rows if r["mode"]["spec"] == "draft-dspark" and
+                r["mode"]["n_max"] == block and r["mode"]["p_min"] == 0]  # fmt: skip
+        if full and ours.get("accepted"):
+            a, b = full[0]["accepted"], ours["accepted"]
+            out[name] = {"llama_cpp": a, "ours": b, "difference_pct": 100 * abs(a - b) / b}
     return out
 
 
@@ -172,6 +202,13 @@ def render_markdown(results: dict, png: str | None) -> str:
                 f"{_f(o['spec_tokens_per_s'])} | {_f(o['tau'], 2)} | "
                 f"{'n/a' if match is None else f'{100 * match:.0f}%'} |"
             )
+    trip = round_trip(results)
+    if trip:
+        lines += ["", "Round trip (full blocks: llama.cpp n_max = block size, p_min 0, against the "
+                  "bundled decoder's full-block verification on the same prompts):", ""]  # fmt: skip
+        lines += [f"- {name}: llama.cpp accepted {t['llama_cpp']} drafted tokens, the bundled "
+                  f"decoder {t['ours']} ({_f(t['difference_pct'], 1)}% apart)"
+                  for name, t in trip.items()]  # fmt: skip
     tuning = results.get("tuning")
     if tuning:
         b = tuning["best"]
@@ -180,10 +217,14 @@ def render_markdown(results: dict, png: str | None) -> str:
             f"Flags tuned on held-out prompts ({tuning['prompts']}, after the measured ones): "
             f"fastest `--spec-draft-n-max {b['n_max']} --spec-draft-p-min {b['p_min']:g}`.",
             "",
-            "| n_max | p_min | tok/s |",
-            "|---|---|---|",
+            "The cost curve behind it: a round's time in plain llama.cpp steps (the tau it needs "
+            "to break even) against the tau it reached.",
+            "",
+            "| n_max | p_min | tok/s | tau | ms/round | round cost (plain steps) |",
+            "|---|---|---|---|---|---|",
             *[
-                f"| {g['n_max']} | {g['p_min']:g} | {_f(g['tokens_per_s'])} |"
+                f"| {g['n_max']} | {g['p_min']:g} | {_f(g['tokens_per_s'])} | {_f(g['tau'], 2)} "
+                f"| {_f(g['round_ms'], 2)} | {_f(g['break_even_tau'], 2)} |"
                 for g in tuning["grid"]
             ],
             "",
