@@ -108,25 +108,56 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_resumes(
     assert not nonfinite_parameters(DSparkDraftModel.from_pretrained(res["draft"]))
 
 
+class _Accel:
+    """The part of an Accelerator `resume_latest` uses; `load_state` records or raises."""
+
+    is_main_process = True
+
+    def __init__(self, error: Exception | None = None):
+        self.error, self.loaded = error, []
+
+    def load_state(self, path):
+        if self.error:
+            raise self.error
+        self.loaded.append(path)
+
+    def wait_for_everyone(self):
+        pass
+
+
+def _checkpoint(root: Path, step: int, value: float) -> Path:
+    from safetensors.torch import save_file
+
+    ckpt = root / "checkpoints" / f"step_{step:08d}"
+    ckpt.mkdir(parents=True)
+    save_file({"w": torch.full((2, 2), value)}, str(ckpt / "model.safetensors"))
+    (ckpt / "DONE").write_text("{}")
+    return ckpt
+
+
 def test_a_shape_error_in_a_checkpoint_is_not_mistaken_for_damage(tmp_path):
     from dspark.training.checkpoint import resume_latest
 
-    ckpt = tmp_path / "checkpoints" / "step_00000002"
-    ckpt.mkdir(parents=True)
-    (ckpt / "DONE").write_text("{}")
+    ckpt = _checkpoint(tmp_path, 2, 1.0)
+    accel = _Accel(RuntimeError("Error(s) in loading state_dict: size mismatch for fc.weight"))
+    with pytest.raises(BadInputError, match="does not fit this run .*size mismatch"):
+        resume_latest(accel, torch.nn.Linear(1, 1), tmp_path)
+    assert ckpt.is_dir()  # a whole checkpoint of another shape is never renamed away
 
-    class Accel:
-        is_main_process = True
 
-        def load_state(self, path):
-            raise RuntimeError("Error(s) in loading state_dict: size mismatch for fc.weight")
+def test_a_damaged_checkpoint_is_never_loaded_into_the_live_model(tmp_path):
+    """Checked from its files first: with the only checkpoint damaged, the run starts from its
+    fresh weights (load_state is never called), not from a half-loaded NaN state."""
+    from dspark.training.checkpoint import resume_latest
 
-        def wait_for_everyone(self):
-            pass
-
-    with pytest.raises(BadInputError, match="another draft shape"):
-        resume_latest(Accel(), torch.nn.Linear(1, 1), tmp_path)
-    assert ckpt.is_dir()  # a good checkpoint of another shape is never renamed away
+    _checkpoint(tmp_path, 4, math.nan)
+    accel = _Accel()
+    assert resume_latest(accel, torch.nn.Linear(1, 1), tmp_path, log=lambda m: None) is None
+    assert accel.loaded == []
+    assert (tmp_path / "checkpoints" / "corrupt-step_00000004").is_dir()
+    good = _checkpoint(tmp_path, 2, 1.0)
+    assert resume_latest(accel, torch.nn.Linear(1, 1), tmp_path) == good
+    assert accel.loaded == [str(good)]
 
 
 def test_check_divergence_by_hand():

@@ -68,41 +68,62 @@ class NonFiniteWeightsError(RuntimeError):
     """Weights about to be saved, or just loaded, hold NaN / inf."""
 
 
-# Errors of a checkpoint that is damaged (cut off, or garbage in a valid header) rather than
-# made for another draft: those are set aside and the previous checkpoint is tried.
-_SHAPE_WORDS = ("size mismatch", "Missing key", "Unexpected key")
+def checkpoint_damage(ckpt: Path) -> str | None:
+    """Why the finished checkpoint `ckpt` cannot be resumed (None: it can), read from its
+    files alone, before anything is loaded into the live model: its weights cannot be read
+    (cut off, garbage) or hold NaN / inf, or its optimizer state cannot be read."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights = sorted(ckpt.glob("model*.safetensors"))
+    if not weights:
+        return "no model*.safetensors in it"
+    for path in weights:
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            return f"{path.name} cannot be read: {str(e).strip().splitlines()[0]}"
+        bad = [k for k, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+        if bad:
+            return f"{path.name} holds non-finite weights ({', '.join(bad[:3])})"
+    for path in ckpt.glob("optimizer*.bin"):
+        try:
+            torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - pickle's and torch's errors for a cut-off file
+            return f"{path.name} cannot be read: {str(e).strip().splitlines()[0][:120]}"
+    return None
 
 
 def resume_latest(accelerator, draft, output_dir, log=print) -> Path | None:
-    """Load the newest checkpoint that loads and holds finite weights; return it (None: none).
+    """Load the newest checkpoint that is whole (`checkpoint_damage`); return it (None: none).
 
-    A damaged one (unreadable files, NaN / inf weights) is renamed `corrupt-step_*` (kept for
-    inspection, ignored from then on) with a warning, and the previous one is tried; one made
-    for another draft shape is a `BadInputError`. Every rank reads the same files, so every
-    rank takes the same path."""
+    A damaged one is renamed `corrupt-step_*` (kept for inspection, ignored from then on) with
+    a warning, and the previous one is tried; each is checked before it is loaded, so the live
+    model never holds a damaged checkpoint's weights. One that still fails to load (made for
+    another draft shape) is a `BadInputError`. Every rank reads the same files, so every rank
+    takes the same path."""
     from dspark.errors import BadInputError
 
     for ckpt in finished_checkpoints(output_dir):
-        try:
-            accelerator.load_state(str(ckpt))
-            bad = nonfinite_parameters(accelerator.unwrap_model(draft))
-            if bad:
-                raise NonFiniteWeightsError(f"non-finite weights in {', '.join(bad[:3])}")
-        except Exception as e:  # noqa: BLE001 - any damage means: try the previous one
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            if any(w in str(e) for w in _SHAPE_WORDS):
-                raise BadInputError(
-                    f"checkpoint {ckpt} was made for another draft shape ({reason}): pass a new "
-                    "trainer.output_dir, or the run's own draft.* settings"
-                ) from None
+        damage = checkpoint_damage(ckpt)
+        if damage is not None:
             accelerator.wait_for_everyone()
             aside = ckpt.with_name(f"corrupt-{ckpt.name}")
             if accelerator.is_main_process:
                 os.replace(ckpt, aside)
             accelerator.wait_for_everyone()
-            log(f"warning: checkpoint {ckpt} is damaged ({reason}); moved to {aside}, "
+            log(f"warning: checkpoint {ckpt} is damaged ({damage}); moved to {aside}, "
                 "trying the previous one")  # fmt: skip
             continue
+        try:
+            accelerator.load_state(str(ckpt))
+        except Exception as e:  # noqa: BLE001 - whole files that do not fit this run
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BadInputError(
+                f"checkpoint {ckpt} does not fit this run ({reason[:200]}): pass a new "
+                "trainer.output_dir, or the run's own draft.* settings"
+            ) from None
         return ckpt
     return None
 

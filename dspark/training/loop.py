@@ -233,6 +233,7 @@ def run(cfg) -> dict:
         if float(reducer.sum(flag)) == 0:
             return
         good = latest_checkpoint(out)
+        bar.close()  # the error line is the last thing printed, not a redrawn bar
         raise DivergedError(
             f"training diverged at step {progress.step + 1}: {why or 'on another rank'}. The "
             "step was not applied; "
