@@ -146,18 +146,27 @@ def test_a_shape_error_in_a_checkpoint_is_not_mistaken_for_damage(tmp_path):
 
 
 def test_a_damaged_checkpoint_is_never_loaded_into_the_live_model(tmp_path):
-    """Checked from its files first: with the only checkpoint damaged, the run starts from its
-    fresh weights (load_state is never called), not from a half-loaded NaN state."""
+    """Checked from its files first: a damaged checkpoint is never loaded (the live model
+    would keep its NaN weights if nothing else loaded after it)."""
     from dspark.training.checkpoint import resume_latest
 
+    good = _checkpoint(tmp_path, 2, 1.0)
     _checkpoint(tmp_path, 4, math.nan)
     accel = _Accel()
-    assert resume_latest(accel, torch.nn.Linear(1, 1), tmp_path, log=lambda m: None) is None
-    assert accel.loaded == []
+    assert resume_latest(accel, torch.nn.Linear(1, 1), tmp_path, log=lambda m: None) == good
+    assert accel.loaded == [str(good)]  # step 4 was never loaded
     assert (tmp_path / "checkpoints" / "corrupt-step_00000004").is_dir()
-    good = _checkpoint(tmp_path, 2, 1.0)
-    assert resume_latest(accel, torch.nn.Linear(1, 1), tmp_path) == good
-    assert accel.loaded == [str(good)]
+
+
+def test_a_run_whose_every_checkpoint_is_damaged_is_not_started_over(tmp_path):
+    from dspark.training.checkpoint import resume_latest
+
+    _checkpoint(tmp_path, 4, math.inf)
+    accel = _Accel()
+    with pytest.raises(BadInputError, match="every checkpoint .* is damaged .*corrupt-step_0+4"):
+        resume_latest(accel, torch.nn.Linear(1, 1), tmp_path, log=lambda m: None)
+    assert accel.loaded == []
+    assert resume_latest(accel, torch.nn.Linear(1, 1), tmp_path / "empty") is None  # no run yet
 
 
 def test_check_divergence_by_hand():

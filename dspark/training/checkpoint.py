@@ -95,19 +95,28 @@ def checkpoint_damage(ckpt: Path) -> str | None:
     return None
 
 
-def resume_latest(accelerator, draft, output_dir, log=print) -> Path | None:
+def _warn(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
+def resume_latest(accelerator, draft, output_dir, log=_warn) -> Path | None:
     """Load the newest checkpoint that is whole (`checkpoint_damage`); return it (None: none).
 
     A damaged one is renamed `corrupt-step_*` (kept for inspection, ignored from then on) with
     a warning, and the previous one is tried; each is checked before it is loaded, so the live
     model never holds a damaged checkpoint's weights. One that still fails to load (made for
-    another draft shape) is a `BadInputError`. Every rank reads the same files, so every rank
+    another draft shape) is a `BadInputError`, and so is a run none of whose checkpoints is
+    whole (starting over would publish a new run over its draft). Every rank reads the same files, so every rank
     takes the same path."""
     from dspark.errors import BadInputError
 
+    set_aside: list[Path] = []
     for ckpt in finished_checkpoints(output_dir):
         damage = checkpoint_damage(ckpt)
         if damage is not None:
+            set_aside.append(ckpt.with_name(f"corrupt-{ckpt.name}"))
             accelerator.wait_for_everyone()
             aside = ckpt.with_name(f"corrupt-{ckpt.name}")
             if accelerator.is_main_process:
@@ -125,6 +134,12 @@ def resume_latest(accelerator, draft, output_dir, log=print) -> Path | None:
                 "trainer.output_dir, or the run's own draft.* settings"
             ) from None
         return ckpt
+    if set_aside:  # a fresh start would publish a new run over the damaged one's draft
+        raise BadInputError(
+            f"every checkpoint of the run in {output_dir} is damaged (kept as "
+            f"{', '.join(p.name for p in set_aside)}): it cannot be resumed, and starting over "
+            "there would replace its draft. Pass a new trainer.output_dir"
+        )
     return None
 
 

@@ -177,9 +177,7 @@ def run(cfg) -> dict:
     progress = Progress()
     accelerator.register_for_checkpointing(scheduler, progress, objective)  # + anchor RNG
 
-    resumed_from = (
-        resume_latest(accelerator, draft, out, accelerator.print) if t_cfg.resume else None
-    )
+    resumed_from = resume_latest(accelerator, draft, out) if t_cfg.resume else None
     if resumed_from:
         accelerator.print(f"resumed from {resumed_from} at step {progress.step}")
     if main:
