@@ -37,7 +37,9 @@ def parse(argv=None):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-max", type=int, nargs="*", default=[3], help="draft-dspark n_max values")
     ap.add_argument("--p-min", type=float, default=0.0, help="draft-dspark p_min of --n-max runs")
-    ap.add_argument("--ngram-n-max", type=int, default=16, help="ngram-mod n_max (0: skip it)")
+    ap.add_argument(
+        "--ngram-n-max", type=int, default=64, help="ngram-mod n_max (llama.cpp's 64; 0: skip it)"
+    )
     ap.add_argument(
         "--tune-prompts",
         type=int,

@@ -36,8 +36,8 @@ def test_server_flags_per_mode():
     spec = server_args(s, Mode("draft-dspark", 3, 0.5))
     assert spec[-8:] == ["--spec-type", "draft-dspark", "-md", "d.gguf", "--spec-draft-n-max",
                          "3", "--spec-draft-p-min", "0.5"]  # fmt: skip
-    assert server_args(s, Mode("ngram-mod", 16))[-4:] == [
-        "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "16"
+    assert server_args(s, Mode("ngram-mod", 16))[-6:] == [
+        "--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "16", "--spec-ngram-mod-n-min", "16"
     ]  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from dspark.errors import MissingPackageError, MissingPathError
 
 SPEC_TYPES = ("none", "draft-dspark", "ngram-mod")
+NGRAM_MOD_N_MIN = 48  # llama.cpp's default --spec-ngram-mod-n-min (its n_max default: 64)
 INSTALL_HINT = "pip install xllamacpp (or pass a native llama-server binary with --server-bin)"
 
 
@@ -74,6 +75,8 @@ def server_args(settings: EngineSettings, mode: Mode) -> list[str]:
         args += ["--spec-draft-n-max", str(mode.n_max), "--spec-draft-p-min", f"{mode.p_min:g}"]
     elif mode.spec == "ngram-mod":
         args += ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", str(mode.n_max)]
+        # llama.cpp's n_min default (48) above a smaller n_max would never draft
+        args += ["--spec-ngram-mod-n-min", str(min(NGRAM_MOD_N_MIN, mode.n_max))]
     return args
 
 
@@ -128,6 +131,7 @@ class InProcessEngine:
         elif mode.spec == "ngram-mod":
             p.speculative.types = [kinds.COMMON_SPECULATIVE_TYPE_NGRAM_MOD]
             p.speculative.ngram_mod.n_max = mode.n_max
+            p.speculative.ngram_mod.n_min = min(p.speculative.ngram_mod.n_min, mode.n_max)
         self._server = xl.Server(p)
 
     def complete(self, prompt: list[int], max_new_tokens: int) -> Completion:
