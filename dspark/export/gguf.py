@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from dspark.errors import BadInputError
+from dspark.fileio import current_umask
 
 ARCH = "dflash"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -342,18 +343,12 @@ def write_gguf(
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes it 0600
         os.replace(tmp, out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def default_llama_cpp_dir() -> Path:
