@@ -37,17 +37,23 @@ QS_TRAIN_ROWS ?= 320
 QS_TEST_ROWS ?= 24
 QS_ANSWER_TOKENS ?= 128
 QS_BENCH_PROMPTS ?= 12
-QS_DATA := runs/data/embedded
-# The decoder backend (static-cache batched AR) with a bf16 target: AMX makes its batched
-# matmuls ~2-3x cheaper than fp32 on this CPU; answers are greedy (on-policy for T=0 decoding).
-REGEN_FAST := $(PY) data_scripts/regenerate.py --target embedded --dtype bfloat16 --tokenize
+# The target's dtype in every step. bfloat16 pays on CPUs with AVX-512-BF16 / AMX (batched bf16
+# matmuls ~2-3x cheaper than fp32 on an AMX Xeon); on an AVX2-only CPU batched bf16 is ~3x
+# SLOWER than fp32 (README "Measured"): there run `make quickstart QS_DTYPE=float32`. Another
+# dtype gets its own data, cache and run directories (suffix _float32), never a bf16 one's.
+QS_DTYPE ?= bfloat16
+QS_SUFFIX := $(if $(filter bfloat16,$(QS_DTYPE)),,_$(QS_DTYPE))
+QS_DATA := runs/data/embedded$(QS_SUFFIX)
+QS_RUN := runs/quickstart$(QS_SUFFIX)
+# The decoder backend (static-cache batched AR); answers are greedy (on-policy for T=0 decoding).
+REGEN_FAST := $(PY) data_scripts/regenerate.py --target embedded --dtype $(QS_DTYPE) --tokenize
 REGEN := $(REGEN_FAST) --input embedded --max-new-tokens $(QS_ANSWER_TOKENS) --max-length 512
 # The frozen target runs once over each set (bf16, its training dtype) instead of in every step
 # of every epoch: README "Training throughput". Named by the data's size, so a rerun with other
 # QS_* sizes writes a new cache instead of meeting one made for other data.
 QS_TRAIN_FEATS := $(QS_DATA)/train/features_$(QS_TRAIN_ROWS)x$(QS_ANSWER_TOKENS)
 QS_TEST_FEATS := $(QS_DATA)/test/features_$(QS_TEST_ROWS)x$(QS_ANSWER_TOKENS)
-CACHE := $(PY) data_scripts/cache_features.py --target embedded --target-dtype bfloat16
+CACHE := $(PY) data_scripts/cache_features.py --target embedded --target-dtype $(QS_DTYPE)
 
 quickstart: setup
 	$(PY) data_scripts/prepare_target.py
@@ -56,20 +62,22 @@ quickstart: setup
 	$(CACHE) --data $(QS_DATA)/train/tokenized --output $(QS_TRAIN_FEATS)
 	$(CACHE) --data $(QS_DATA)/test/tokenized --output $(QS_TEST_FEATS)
 	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no \
-		--dynamo_backend no train/distill.py recipe=quickstart \
-		data.features=$(QS_TRAIN_FEATS) data.eval_features=$(QS_TEST_FEATS)
+		--dynamo_backend no train/distill.py recipe=quickstart target.dtype=$(QS_DTYPE) \
+		data.train=$(QS_DATA)/train/tokenized data.eval=$(QS_DATA)/test/tokenized \
+		data.features=$(QS_TRAIN_FEATS) data.eval_features=$(QS_TEST_FEATS) \
+		trainer.output_dir=$(QS_RUN)
 	@# Decoded with the target in bf16, the dtype its data was made in: on AMX CPUs an 8-token
 	@# bf16 verify costs ~1.05 AR steps (fp32: ~1.9), so speculation pays off from tau ~1.3.
-	$(PY) eval/benchmark.py draft=runs/quickstart/draft datasets=[embedded] \
-		num_prompts=$(QS_BENCH_PROMPTS) max_new_tokens=96 baselines.run=[] dtype=bfloat16 \
-		draft_dtype=bfloat16 \
-		output_dir=runs/quickstart/benchmark
+	$(PY) eval/benchmark.py draft=$(QS_RUN)/draft datasets=[embedded] \
+		num_prompts=$(QS_BENCH_PROMPTS) max_new_tokens=96 baselines.run=[] dtype=$(QS_DTYPE) \
+		draft_dtype=$(QS_DTYPE) \
+		output_dir=$(QS_RUN)/benchmark
 	@# The same draft and prompts in llama.cpp (plain, draft-dspark with tuned flags, n-gram),
 	@# beside the bundled decoder's figures: the engine a CPU user serves with.
 	@if $(PY) -c "import xllamacpp" 2>/dev/null; then \
-		$(PY) eval/llama_cpp_bench.py --draft runs/quickstart/draft --datasets embedded \
+		$(PY) eval/llama_cpp_bench.py --draft $(QS_RUN)/draft --datasets embedded \
 			--num-prompts $(QS_BENCH_PROMPTS) --max-new-tokens 96 --tune-prompts 4 \
-			--ours runs/quickstart/benchmark/results.json --output-dir runs/quickstart/llama_cpp; \
+			--ours $(QS_RUN)/benchmark/results.json --output-dir $(QS_RUN)/llama_cpp; \
 	else echo "llama.cpp comparison skipped: pip install xllamacpp (or: pip install -e '.[llama-cpp]')"; fi
 
 # A draft that pays off (recipes/smollm2.yaml; README: figures). Budget: <= 2 h on 2 cores.
