@@ -64,6 +64,16 @@ def arch(request):
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module, restored after it (a test may have raised it): tiny
+    models gain nothing from threads, and on a shared 2-core CPU they lose a lot."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

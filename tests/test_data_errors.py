@@ -17,6 +17,8 @@ from dspark import cli
 from dspark.data.regenerate import OUTPUT, REJECTED, RUN, SUMMARY
 from dspark.data.sources import load_prompts
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 REGEN = ["--target", "tiny-llama", "--max-new-tokens", "4", "--no-progress"]
 ROWS = [{"turns": ["Say hi."]}, {"turns": ["Count to three."]}, {"turns": ["Name a colour."]}]
@@ -30,16 +32,6 @@ def quiet_datasets():
     datasets.disable_progress_bars()
     yield
     datasets.enable_progress_bars()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def cache_features(argv):

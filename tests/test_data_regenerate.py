@@ -19,6 +19,8 @@ from dspark.data.regenerate import (
 )
 from dspark.data.sources import normalize_rows
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 PROMPTS = [
     {"turns": ["What is 2 + 3?", "And times 4?"]},
     {
@@ -39,17 +41,6 @@ PROMPTS = [
     {"turns": ["Tell me a fact."]},
 ]
 SAMPLED = SamplingConfig(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=6, seed=7)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a shared 2-core CPU they lose a lot."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 def read(path):

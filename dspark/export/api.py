@@ -12,6 +12,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -263,15 +265,7 @@ def export_draft(
     from dspark.fileio import dumps_strict
 
     dtype_name = str(torch_dtype).removeprefix("torch.")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:  # no permission, a file on the way, a read-only file system
-        raise BadInputError(
-            f"cannot create the output directory {out} ({e.strerror}: {e.filename}); choose "
-            "a directory you can write"
-        ) from None
-    try:
+    with _staged(out) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         (tmp / "README.md").write_text(
@@ -288,12 +282,27 @@ def export_draft(
         )
         info = _provenance(fmt, dtype_name, engine, str(source_dir or source), target, K)
         (tmp / PROVENANCE).write_text(dumps_strict(info, indent=2, sort_keys=True) + "\n")
-        # mkdtemp makes the directory 0700 and safetensors' writer may leave files 0600
+    return out
+
+
+@contextmanager
+def _staged(out: Path) -> Iterator[Path]:
+    """A temporary sibling directory to write the export into; on success it replaces `out`
+    (`_swap_into_place`), on any failure it is removed and nothing is left behind."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:  # no permission, a file on the way, a read-only file system
+        raise BadInputError(
+            f"cannot create the output directory {out} ({e.strerror}: {e.filename}); choose "
+            "a directory you can write"
+        ) from None
+    try:
+        yield tmp
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -321,9 +330,7 @@ def _export_gguf(draft, out, source_dir, source, verifier, draft_vocab, k, outty
     from dspark.fileio import dumps_strict
 
     target = verifier or draft.config.target_name_or_path
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with _staged(out) as tmp:
         write_gguf(draft, tmp / GGUF_FILE, target=target, outtype=outtype, draft_vocab=draft_vocab)
         (tmp / "README.md").write_text(
             render_llama_cpp(
@@ -338,8 +345,4 @@ def _export_gguf(draft, out, source_dir, source, verifier, draft_vocab, k, outty
         )
         info = _provenance("gguf", outtype, engine, str(source_dir or source), str(target), k)
         (tmp / PROVENANCE).write_text(dumps_strict(info, indent=2, sort_keys=True) + "\n")
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
