@@ -99,7 +99,7 @@ def test_the_loop_refuses_launches_that_are_not_what_they_look_like():
 
 
 def test_multi_gpu_launch_without_the_cpu_flag_is_refused_by_the_loop(tmp_path, debug_data):  # noqa: F811
-    """The trap of the issue, end to end: `--multi_gpu --num_processes 2` on a CPU starts two
+    """The CPU launch trap, end to end: `--multi_gpu --num_processes 2` on a CPU starts two
     processes of world size 1; the training loop stops both, naming the fix."""
     env = {k: v for k, v in launch_env().items() if k != "ACCELERATE_USE_CPU"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
