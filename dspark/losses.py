@@ -73,16 +73,69 @@ def decay_weights(block_size: int, loss_decay_gamma: float, device=None) -> torc
     return torch.exp(-k / float(loss_decay_gamma))
 
 
-def slot_cross_entropy(draft_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-slot CE of the draft logits `[M, V]` against data tokens `[M]` (fp32)."""
-    return F.cross_entropy(draft_logits.float(), labels, reduction="none")
+def in_vocab_labels(
+    labels: torch.Tensor, kept_ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-id labels `[M]` -> `(draft ids [M] long, in_vocab [M] bool)`.
+
+    `kept_ids [K]` (sorted target ids of a reduced draft vocabulary; None = the full one): a
+    label's draft id is its index in `kept_ids`; a label outside them gets draft id 0 and
+    `in_vocab` False (the draft can never propose it).
+    """
+    if kept_ids is None:
+        return labels, torch.ones_like(labels, dtype=torch.bool)
+    idx = torch.searchsorted(kept_ids, labels).clamp(max=kept_ids.numel() - 1)
+    inside = kept_ids[idx] == labels
+    return torch.where(inside, idx, torch.zeros_like(idx)), inside
 
 
-def slot_l1(draft_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """Per-slot L1 = sum_v |p_d - p_t| in [0, 2] (no 1/2 factor), both softmaxed at T=1 in fp32."""
+def slot_cross_entropy(
+    draft_logits: torch.Tensor, labels: torch.Tensor, kept_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-slot CE (fp32) of the draft logits `[M, K]` against the data tokens `[M]` (target
+    ids). With a reduced vocabulary (`kept_ids [K]`), a slot whose label is outside it cannot
+    be predicted: its CE is 0 (no gradient); the objective leaves it out of CE's mean
+    (`in_vocab_labels`)."""
+    draft_ids, inside = in_vocab_labels(labels, kept_ids)
+    ce = F.cross_entropy(draft_logits.float(), draft_ids, reduction="none")
+    return torch.where(inside, ce, torch.zeros_like(ce))
+
+
+def slot_l1(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    kept_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-slot L1 = sum over all V target ids of |p_d - p_t|, in [0, 2] (no 1/2 factor), both
+    softmaxed at T=1 in fp32. `draft_logits [M, K]`, `target_logits [M, V]`.
+
+    With a reduced vocabulary (`kept_ids [K]`), p_d is 0 outside the kept ids (the draft never
+    proposes those tokens) and p_t keeps its mass there (never renormalised away), so
+    L1 = sum_kept |p_d - p_t[kept]| + (1 - sum_kept p_t) and 1 - L1/2 = sum_v min(p_d, p_t),
+    the acceptance probability of lossless verification.
+    """
     p_d = torch.softmax(draft_logits.float(), dim=-1)
     p_t = torch.softmax(target_logits.float(), dim=-1)
-    return (p_d - p_t).abs().sum(-1)
+    if kept_ids is None:
+        return (p_d - p_t).abs().sum(-1)
+    p_t_kept = p_t.index_select(-1, kept_ids)  # [M, K]
+    # the target's mass outside the kept ids (p_t sums to 1 up to rounding; clamp keeps >= 0)
+    outside = (p_t.sum(-1) - p_t_kept.sum(-1)).clamp(min=0.0)
+    return (p_d - p_t_kept).abs().sum(-1) + outside
+
+
+@torch.no_grad()
+def greedy_match(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    kept_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp32 `[M]`: 1 where the draft's argmax (mapped to a target id through `kept_ids [K]`
+    when reduced) is the target's argmax over all V, else 0: T=0 acceptance, teacher-forced."""
+    draft_top = draft_logits.argmax(-1)
+    if kept_ids is not None:
+        draft_top = kept_ids[draft_top]
+    return (draft_top == target_logits.argmax(-1)).float()
 
 
 def confidence_target(l1: torch.Tensor) -> torch.Tensor:

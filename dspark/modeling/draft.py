@@ -20,6 +20,7 @@ from transformers.utils import ModelOutput
 from dspark.config import DSparkConfig
 from dspark.modeling.backbone import BlockParallelBackbone
 from dspark.modeling.heads import build_confidence_head, build_markov_head
+from dspark.modeling.slot_chunks import SlotLoss, chunked_slot_terms
 
 if TYPE_CHECKING:
     from dspark.modeling.protocols import DraftInference
@@ -34,11 +35,14 @@ class DSparkDraftOutput(ModelOutput):
         `[M, V]` over the slots selected by `slot_mask` (row-major order of `[B, N, gamma]`),
         or `[B, N, gamma, V]` without a `slot_mask`.
     confidence_logits: confidence-head logits, same leading shape as `logits` (None if off).
+    slot_terms: with `forward(..., slot_loss=)`, the loss's per-slot terms `{name: [M]}`
+        (computed chunk by chunk, `dspark.modeling.slot_chunks`); `logits` is then None.
     """
 
     hidden: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     confidence_logits: torch.Tensor | None = None
+    slot_terms: dict[str, torch.Tensor] | None = None
 
 
 def teacher_forced_prev_tokens(
@@ -136,6 +140,36 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         return self.lm_head
 
     # ---------------------------------------------------------------- heads, teacher-forced
+    def _selected_slots(
+        self,
+        hidden: torch.Tensor,
+        prev_tokens: torch.Tensor,
+        slot_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """`(h, mixed, feat)` of the selected slots: `[M, H]`, `[M, r]`, `[M, r]` (mixed / feat
+        None without a Markov head), or `[..., gamma, *]` without `slot_mask`. Rank-r only: the
+        rnn head runs over every slot (its state needs the block's prefix) before selection."""
+        head = self.markov_head
+        h = hidden if slot_mask is None else hidden[slot_mask]
+        if head is None:
+            return h, None, None
+        mixed, feat = head.teacher_forced(hidden, prev_tokens)
+        if slot_mask is not None:
+            mixed, feat = mixed[slot_mask], feat[slot_mask]
+        return h, mixed, feat
+
+    def _slot_logits(self, h: torch.Tensor, mixed: torch.Tensor | None) -> torch.Tensor:
+        """Markov-corrected logits `[.., K]` = lm_head(h) + W2(mixed) (K = V when full)."""
+        logits = self.lm_head(h)
+        if self.markov_head is not None and mixed is not None:
+            logits = logits + self.markov_head.bias(mixed)
+        return logits
+
+    def _confidence_logits(self, h: torch.Tensor, feat: torch.Tensor | None) -> torch.Tensor | None:
+        if self.confidence_head is None:
+            return None
+        return self.confidence_head(h, feat if self.confidence_head.with_markov else None)
+
     def head_outputs(
         self,
         hidden: torch.Tensor,
@@ -148,20 +182,8 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         outputs are `[M, V]` / `[M]` over the selected slots, else `[..., gamma, V]` / `[..., gamma]`.
         The rnn head runs over every slot (its state needs the prefix) before the selection.
         """
-        head = self.markov_head
-        h = hidden if slot_mask is None else hidden[slot_mask]
-        feat = None
-        if head is None:
-            logits = self.lm_head(h)
-        else:
-            mixed, feat = head.teacher_forced(hidden, prev_tokens)
-            if slot_mask is not None:
-                mixed, feat = mixed[slot_mask], feat[slot_mask]
-            logits = self.lm_head(h) + head.bias(mixed)
-        conf = None
-        if self.confidence_head is not None:
-            conf = self.confidence_head(h, feat if self.confidence_head.with_markov else None)
-        return logits, conf
+        h, mixed, feat = self._selected_slots(hidden, prev_tokens, slot_mask)
+        return self._slot_logits(h, mixed), self._confidence_logits(h, feat)
 
     def forward(
         self,
@@ -173,21 +195,40 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         return_logits: bool = True,
         document_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        slot_loss: SlotLoss | None = None,
+        chunk_size: int | None = None,
     ) -> DSparkDraftOutput:
         """Training forward: all anchor blocks in one pass, heads teacher-forced.
 
         `tapped [B, S, L*H]`, `input_ids [B, S]`, `anchor_positions [B, N]`, `anchor_valid [B, N]`,
         `slot_mask [B, N, gamma]` (which slots to compute logits for; None = all); packed rows
         add `document_ids` / `position_ids [B, S]` (see `forward_blocks`).
+
+        `slot_loss` (needs `slot_mask`): instead of the `[M, K]` logits, return its per-slot
+        terms in `slot_terms`, computed `chunk_size` slots at a time with recomputation in
+        backward (0 / None: all slots in one chunk); it is called as
+        `slot_loss(logits [m, K], rows, kept_ids)` with the chunk's slice `rows` of the M
+        selected slots (row-major order of `slot_mask`) and the reduced vocabulary's sorted
+        target ids `kept_ids [K]` (None for the full vocabulary).
         """
         hidden = self.forward_blocks(
             tapped, input_ids, anchor_positions, anchor_valid, document_ids, position_ids
         )
-        if not return_logits:
+        if slot_loss is None and not return_logits:
             return DSparkDraftOutput(hidden=hidden)
         prev = teacher_forced_prev_tokens(input_ids, anchor_positions, int(self.config.block_size))
-        logits, conf = self.head_outputs(hidden, prev, slot_mask)
-        return DSparkDraftOutput(hidden=hidden, logits=logits, confidence_logits=conf)
+        if slot_loss is None:
+            logits, conf = self.head_outputs(hidden, prev, slot_mask)
+            return DSparkDraftOutput(hidden=hidden, logits=logits, confidence_logits=conf)
+        if slot_mask is None:
+            raise ValueError("forward(slot_loss=...) needs the slot_mask of the supervised slots")
+        h, mixed, feat = self._selected_slots(hidden, prev, slot_mask)
+        # the kept target ids of a reduced draft vocabulary (None: the full one)
+        kept_ids = getattr(self, "kept_target_ids", None)
+        terms = chunked_slot_terms(self._slot_logits, slot_loss, h, mixed, kept_ids, chunk_size)
+        return DSparkDraftOutput(
+            hidden=hidden, confidence_logits=self._confidence_logits(h, feat), slot_terms=terms
+        )
 
 
 if TYPE_CHECKING:  # mypy (make test) checks that the draft is what the decoder takes

@@ -8,7 +8,13 @@ metrics = objective.evaluate(draft, batch, reducer)
 from __future__ import annotations
 
 from dspark.objectives.base import LocalReducer, Objective, Reducer, TorchDistributedReducer
-from dspark.objectives.dspark import LOSS_WEIGHTS, DFlashObjective, DSparkObjective, LossWeights
+from dspark.objectives.dspark import (
+    CHUNK_SLOTS,
+    LOSS_WEIGHTS,
+    DFlashObjective,
+    DSparkObjective,
+    LossWeights,
+)
 
 OBJECTIVES = {"dspark": DSparkObjective, "dflash": DFlashObjective}
 
@@ -27,7 +33,7 @@ DFLASH_CONFIG_OVERRIDES = {
 def build_objective(name: str, target, draft_config, **cfg) -> Objective:
     """Objective `name` ("dspark" | "dflash") for `target` and the draft's config; `cfg` goes to
     the objective's constructor (ce_weight, l1_weight, confidence_weight, loss_decay_gamma,
-    num_anchors, seed, ...)."""
+    chunk_slots, num_anchors, seed, ...)."""
     try:
         cls = OBJECTIVES[name]
     except KeyError:
@@ -38,6 +44,7 @@ def build_objective(name: str, target, draft_config, **cfg) -> Objective:
 
 
 __all__ = [
+    "CHUNK_SLOTS",
     "DFLASH_CONFIG_OVERRIDES",
     "DFlashObjective",
     "DSparkObjective",

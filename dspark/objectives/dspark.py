@@ -4,9 +4,17 @@ Per supervised slot k (weights w_k = exp(-k / loss_decay_gamma)), on the Markov-
 draft logits: CE vs the data token (`ce_weight`), L1 = sum_v |p_d - p_t| vs the target's
 post-norm distribution (`l1_weight`), confidence BCE-with-logits vs the detached
 c* = clamp(1 - L1/2, 0, 1) (`confidence_weight`). Each term is sum(w * term) / sum(w) over the
-supervised slots of ALL ranks: the denominator goes through `reducer.sum`, and the returned
-loss is `world_size * local_numerator / global_denominator`, so DDP's gradient averaging yields
-the token-pooled global mean.
+supervised slots of ALL ranks (CE over those whose label the draft vocabulary holds): the
+denominators go through `reducer.sum`, and the returned loss is
+`world_size * local_numerator / global_denominator` per term, so DDP's gradient averaging
+yields the token-pooled global mean. The vocabulary-sized work runs `chunk_slots` slots at a
+time inside the draft's forward (`forward(slot_loss=, chunk_size=)`), recomputed in backward.
+
+A reduced draft vocabulary (K kept target ids, `draft.kept_target_ids`) changes each term to
+what lossless verification does (`dspark.losses`): p_d is 0 outside the kept ids and p_t keeps
+all its mass, so L1 counts the target's mass outside them and c* = sum_v min(p_d, p_t) is the
+real acceptance probability; the greedy match maps the draft's argmax to its target id; CE
+leaves out slots whose label is outside (`out_of_vocab_labels` is their share).
 
 Metrics (already global):
 - `loss`, `ce`, `l1`, `confidence_bce`: the weighted global means above;
@@ -19,7 +27,9 @@ Metrics (already global):
 - `tau_greedy`, `greedy_accept@k`: the same with c* replaced by 1[draft argmax == target
   argmax], i.e. what greedy (T=0) decoding accepts, teacher-forced;
 - `confidence_error`: mean |sigmoid(confidence logit) - c*| over supervised slots;
-- `supervised_tokens`, `blocks`: global counts.
+- `supervised_tokens`, `blocks`: global counts;
+- `out_of_vocab_labels`: share of supervised slots whose data token a reduced draft vocabulary
+  lacks (0 for the full vocabulary).
 
 Packed batches (several conversations per row, `dspark.data.packing`) carry `document_ids` and
 `position_ids`; anchors and supervised slots then stay inside one document, each document has
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,6 +49,9 @@ from dspark import losses as L
 from dspark.objectives.base import LocalReducer, Reducer, reduce_named
 from dspark.objectives.documents import document_starts, sample_document_anchors
 from dspark.target.capture import FeatureSource, OnlineTargetCapture, target_logits
+
+if TYPE_CHECKING:
+    from dspark.modeling.slot_chunks import SlotLoss
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,13 @@ class LossWeights:
 
 
 LOSS_WEIGHTS = LossWeights()
+
+# Supervised slots per loss chunk (`objective.chunk_slots`; 0 / None: all at once): the draft's
+# and target's vocabulary-sized fp32 tensors exist for one chunk at a time, recomputed in
+# backward (dspark/modeling/slot_chunks.py). At V = 152k one fp32 [256, V] tensor is 156 MB
+# (a 4096-token sequence with 512 anchors of gamma 7 has 3584 slots: 2.2 GB per tensor
+# unchunked); 256 rows still keep the lm_head matmuls large.
+CHUNK_SLOTS = 256
 
 
 class DSparkObjective:
@@ -70,6 +91,7 @@ class DSparkObjective:
         l1_weight: float = LOSS_WEIGHTS.l1_weight,
         confidence_weight: float = LOSS_WEIGHTS.confidence_weight,
         loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma,
+        chunk_slots: int | None = CHUNK_SLOTS,
         num_anchors: int | None = None,
         seed: int = 0,
         eval_seed: int = 1234,
@@ -78,7 +100,8 @@ class DSparkObjective:
     ) -> None:
         """`target`: the frozen target (online capture and its lm_head); may be None when a
         `feature_source` and `target_lm_head` are given (offline features).
-        `num_anchors=None` uses `draft_config.num_anchors`."""
+        `num_anchors=None` uses `draft_config.num_anchors`; `chunk_slots`: supervised slots per
+        loss chunk (0 / None: one chunk, no recomputation)."""
         self.config = draft_config
         self.block_size = int(draft_config.block_size)
         self.num_anchors = int(num_anchors if num_anchors is not None else draft_config.num_anchors)
@@ -88,6 +111,9 @@ class DSparkObjective:
         self.loss_decay_gamma = float(loss_decay_gamma)
         if self.loss_decay_gamma <= 0:
             raise ValueError(f"loss_decay_gamma must be > 0 (got {loss_decay_gamma})")
+        self.chunk_slots = int(chunk_slots or 0)
+        if self.chunk_slots < 0:
+            raise ValueError(f"chunk_slots must be >= 0 (got {chunk_slots})")
         if self.num_anchors < 1:
             raise ValueError(f"num_anchors must be >= 1 (got {self.num_anchors})")
         if feature_source is None:
@@ -154,22 +180,29 @@ class DSparkObjective:
         anchors, valid = anchors.to(dev), valid.to(dev)
         slot_mask = L.slot_supervision_mask(loss_mask, anchors, valid, g)
 
-        out = draft(feats.tapped, input_ids, anchors, valid, slot_mask=slot_mask, **packed)
-
-        b_idx, n_idx, k_idx = slot_mask.nonzero(as_tuple=True)
+        b_idx, n_idx, k_idx = slot_mask.nonzero(as_tuple=True)  # row-major, as the draft's M
         pos = anchors[b_idx, n_idx] + k_idx  # the hidden state at p+k predicts x_{p+k+1}
         labels = input_ids[b_idx, pos + 1]
-        with torch.no_grad():
-            t_logits = target_logits(self.target_lm_head, feats.final_hidden[b_idx, pos])
+        slot_loss = self._slot_loss(labels, feats.final_hidden[b_idx, pos])
+        out = draft(
+            feats.tapped,
+            input_ids,
+            anchors,
+            valid,
+            slot_mask=slot_mask,
+            slot_loss=slot_loss,
+            chunk_size=self.chunk_slots,
+            **packed,
+        )
+        terms = out.slot_terms
         w = L.decay_weights(g, self.loss_decay_gamma, device=dev)[k_idx]
 
-        logits = out.logits
-        ce = L.slot_cross_entropy(logits, labels)
-        l1 = L.slot_l1(logits, t_logits)
+        ce, l1, match, in_vocab = terms["ce"], terms["l1"], terms["match"], terms["in_vocab"]
         c_star = L.confidence_target(l1)
+        w_ce = w * in_vocab  # CE only over slots whose label the draft vocabulary holds
         num_ce, num_l1 = (w * ce).sum(), (w * l1).sum()
-        num_bce = logits.new_zeros((), dtype=torch.float32)
-        conf_err = logits.new_zeros((), dtype=torch.float32)
+        num_bce = l1.new_zeros((), dtype=torch.float32)
+        conf_err = l1.new_zeros((), dtype=torch.float32)
         use_conf = self.use_confidence and out.confidence_logits is not None
         if use_conf:
             conf = out.confidence_logits
@@ -181,7 +214,6 @@ class DSparkObjective:
             tau = L.tau_per_block(c_grid, slot_mask)
             # T=0: a slot survives when the draft's argmax is the target's (teacher-forced, so
             # this is what greedy decoding accepts when every earlier slot was accepted).
-            match = (logits.detach().argmax(-1) == t_logits.argmax(-1)).float()
             m_grid = L.scatter_slots(match, slot_mask)
             tau_greedy = L.tau_per_block(m_grid, slot_mask)
             block_ok = slot_mask[..., 0]
@@ -190,6 +222,8 @@ class DSparkObjective:
                 reducer,
                 {
                     "weight": w.sum(),
+                    "ce_weight": w_ce.sum(),
+                    "out_of_vocab": (~in_vocab).sum(),
                     "ce": num_ce,
                     "l1": num_l1,
                     "confidence_bce": num_bce,
@@ -206,31 +240,64 @@ class DSparkObjective:
                 },
             )
 
-        den = glob["weight"]
-        safe_den = torch.where(den > 0, den, torch.ones_like(den))
-        numerator = self.ce_weight * num_ce + self.l1_weight * num_l1
+        def safe(den: torch.Tensor) -> torch.Tensor:
+            return torch.where(den > 0, den, torch.ones_like(den))
+
+        numerator = self.l1_weight * num_l1
         if use_conf:
             numerator = numerator + self.confidence_weight * num_bce
-        loss = reducer.world_size * numerator / safe_den
+        # CE has its own denominator: the weight of the slots whose label the draft can predict
+        # (all slots for a full vocabulary, where both denominators are equal).
+        local = self.ce_weight * num_ce / safe(glob["ce_weight"]) + numerator / safe(glob["weight"])
+        loss = reducer.world_size * local
         return loss, self._metrics({k: v.tolist() for k, v in glob.items()}, use_conf)
+
+    def _slot_loss(self, labels: torch.Tensor, final_hidden: torch.Tensor) -> SlotLoss:
+        """The per-slot terms of a chunk of draft logits, for the draft's `forward(slot_loss=)`.
+
+        `labels [M]` (target ids), `final_hidden [M, H]` (the target's post-norm states of the
+        same slots, row-major). Per chunk `rows`: the target's fp32 logits `[m, V]` (no grad,
+        recomputed with the chunk in backward), then CE, L1, the greedy match and whether the
+        label is in the draft vocabulary, each `[m]` (losses.py defines each for a reduced one).
+        """
+        lm_head = self.target_lm_head
+
+        def terms(logits: torch.Tensor, rows: slice, kept_ids: torch.Tensor | None):
+            lab = labels[rows]
+            with torch.no_grad():
+                t_logits = target_logits(lm_head, final_hidden[rows])
+                match = L.greedy_match(logits.detach(), t_logits, kept_ids)
+                in_vocab = L.in_vocab_labels(lab, kept_ids)[1]
+            return {
+                "ce": L.slot_cross_entropy(logits, lab, kept_ids),
+                "l1": L.slot_l1(logits, t_logits, kept_ids),
+                "match": match,
+                "in_vocab": in_vocab,
+            }
+
+        return terms
 
     def _metrics(self, s: dict, use_conf: bool) -> dict[str, float]:
         W, M, nb, nfull = s["weight"], s["supervised_tokens"], s["blocks"], s["full_blocks"]
+        ce = L.safe_div(s["ce"], s["ce_weight"]) if s["ce_weight"] else 0.0
         m = {
-            "ce": L.safe_div(s["ce"], W),
+            "ce": ce,
             "l1": L.safe_div(s["l1"], W),
             "supervised_tokens": M,
             "blocks": nb,
             "tau_probabilistic": L.safe_div(s["tau"], nb) if nb else 0.0,
             "tau_probabilistic_full_blocks": L.safe_div(s["tau_full"], nfull) if nfull else 0.0,
             "tau_greedy": L.safe_div(s["tau_greedy"], nb) if nb else 0.0,
+            # share of supervised slots whose label a reduced draft vocabulary lacks (left out
+            # of CE only); 0 for the full vocabulary
+            "out_of_vocab_labels": s["out_of_vocab"] / M if M else 0.0,
         }
-        loss = self.ce_weight * s["ce"] + self.l1_weight * s["l1"]
+        rest = self.l1_weight * s["l1"]
         if use_conf:
             m["confidence_bce"] = L.safe_div(s["confidence_bce"], W)
             m["confidence_error"] = L.safe_div(s["confidence_abs_error"], M)
-            loss += self.confidence_weight * s["confidence_bce"]
-        m["loss"] = L.safe_div(loss, W)
+            rest += self.confidence_weight * s["confidence_bce"]
+        m["loss"] = self.ce_weight * ce + L.safe_div(rest, W)
         for k, (n, c, g) in enumerate(zip(s["slots"], s["c_star"], s["greedy_match"], strict=True)):
             m[f"accept_rate@{k + 1}"] = c / n if n else 0.0
             m[f"greedy_accept@{k + 1}"] = g / n if n else 0.0

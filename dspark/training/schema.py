@@ -18,7 +18,7 @@ from omegaconf import MISSING, OmegaConf
 
 from dspark.config import MARKOV_HEAD_TYPES, NUM_TARGET_FEATURES, DSparkConfig
 from dspark.errors import BadInputError
-from dspark.objectives.dspark import LOSS_WEIGHTS
+from dspark.objectives.dspark import CHUNK_SLOTS, LOSS_WEIGHTS
 
 
 @dataclass
@@ -106,6 +106,8 @@ class ObjectiveConfig:
     l1_weight: float = LOSS_WEIGHTS.l1_weight
     confidence_weight: float = LOSS_WEIGHTS.confidence_weight
     loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma
+    # supervised slots per loss chunk, recomputed in backward (0 / null: all slots at once)
+    chunk_slots: int | None = CHUNK_SLOTS
 
 
 @dataclass
