@@ -173,6 +173,10 @@ class DSparkConfig(PretrainedConfig):
     # STS temperatures T_k of the confidence head, k = 1..block_size (method doc section 4):
     # c_k = sigmoid(z_k / T_k); written by eval/calibrate.py, applied by the decoder. None: raw.
     confidence_temperatures: list[float] | None = None
+    # A reduced draft vocabulary: the draft scores K of the target's `vocab_size` tokens (its
+    # `lm_head` and Markov `markov_w2` have K rows; the `d2t [K]` / `t2d [V]` buffers map the
+    # ids, dspark/export/vocab.py). None (and K == vocab_size): the full vocabulary.
+    draft_vocab_size: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.num_key_value_heads is None:
@@ -187,6 +191,8 @@ class DSparkConfig(PretrainedConfig):
             # No Markov head, so no W1 row to read: the confidence head sees h_k alone
             # (`draft.markov_rank=0` alone is a valid DFlash + confidence draft).
             self.confidence_head_with_markov = False
+        if type(self.draft_vocab_size) is int and self.draft_vocab_size == int(self.vocab_size):
+            self.draft_vocab_size = None  # all V tokens kept: the full vocabulary, one spelling
         super().__post_init__(**kwargs)
         self.check()
         self.architectures = [self.serving_architecture()]
@@ -201,6 +207,16 @@ class DSparkConfig(PretrainedConfig):
     @property
     def num_target_features(self) -> int:
         return len(self.target_layer_ids or [])
+
+    @property
+    def is_reduced_vocab(self) -> bool:
+        """Whether the draft scores fewer than `vocab_size` tokens (`draft_vocab_size`)."""
+        return self.draft_vocab_size is not None
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """K, the width of the draft's logits: `draft_vocab_size`, or `vocab_size` when full."""
+        return int(self.draft_vocab_size or self.vocab_size)
 
     def serving_architecture(self) -> str:
         return SERVING_ARCHITECTURE
@@ -229,6 +245,14 @@ class DSparkConfig(PretrainedConfig):
             )
         if int(self.num_anchors) < 1:
             raise ValueError(f"num_anchors must be >= 1 (got {self.num_anchors})")
+        K = self.draft_vocab_size
+        if K is not None and (
+            isinstance(K, bool) or not isinstance(K, int) or not 1 <= K <= int(self.vocab_size)
+        ):
+            raise ValueError(
+                f"draft_vocab_size={K!r} must be an integer in [1, {self.vocab_size}] (the "
+                "target's vocabulary size), or null for the full vocabulary"
+            )
         temps = self.confidence_temperatures
         if temps is not None and (len(temps) < int(self.block_size) or min(temps) <= 0):
             raise ValueError(
@@ -278,6 +302,9 @@ class DSparkConfig(PretrainedConfig):
         out["architectures"] = [self.serving_architecture()]
         out["tie_word_embeddings"] = False
         out["sample_from_anchor"] = True
+        if out.get("draft_vocab_size") is None:
+            # a full-vocabulary draft's config.json stays what engines have always read
+            out.pop("draft_vocab_size", None)
         return out
 
     @classmethod
@@ -318,9 +345,11 @@ class DSparkConfig(PretrainedConfig):
         confidence_head_with_markov: bool = confidence_head_with_markov,
         target_name_or_path: str | None = None,
         num_target_features: int = NUM_TARGET_FEATURES,
+        draft_vocab_size: int | None = None,
     ) -> DSparkConfig:
         """Copy `target_config` (an HF config or its dict), keep `num_hidden_layers` layers and
-        add the DSpark fields. `target_layer_ids=None` uses `default_target_layer_ids`.
+        add the DSpark fields. `target_layer_ids=None` uses `default_target_layer_ids`;
+        `draft_vocab_size=None` keeps the full vocabulary.
         """
         src = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
         family = target_family(src.get("model_type", ""))
@@ -354,6 +383,7 @@ class DSparkConfig(PretrainedConfig):
             enable_confidence_head=bool(enable_confidence_head),
             confidence_head_with_markov=bool(confidence_head_with_markov),
             target_name_or_path=target_name_or_path,
+            draft_vocab_size=None if draft_vocab_size is None else int(draft_vocab_size),
             tie_word_embeddings=False,
             # Qwen3-style layers: projection biases only where a Qwen3 target has them.
             attention_bias=bool(src.get("attention_bias", False)) and family == "qwen3",

@@ -17,51 +17,9 @@ from pathlib import Path
 import torch
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.modeling.vocab_map import ids_from_d2t, mapping_from_ids
 
-
-def mapping_from_ids(
-    ids, vocab_size: int, *, source: str = "draft vocabulary"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target ids the draft keeps (any order, no repeats) -> `(d2t [K] long, t2d [V] bool)`."""
-    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
-    if ids.numel() == 0:
-        raise BadInputError(f"{source} is empty: keep at least one token")
-    uniq = torch.unique(ids)  # sorted
-    if uniq.numel() != ids.numel():
-        raise BadInputError(f"{source} repeats token ids; list each kept target id once")
-    if int(uniq[0]) < 0 or int(uniq[-1]) >= vocab_size:
-        raise BadInputError(
-            f"{source} holds ids outside the target vocabulary [0, {vocab_size}) "
-            f"(min {int(uniq[0])}, max {int(uniq[-1])}): it was built for another tokenizer"
-        )
-    d2t = uniq - torch.arange(uniq.numel())
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[uniq] = True
-    return d2t, t2d
-
-
-def ids_from_d2t(d2t: torch.Tensor, vocab_size: int, *, source: str = "d2t") -> torch.Tensor:
-    """Check a `d2t` tensor and return the kept target ids (strictly increasing)."""
-    d2t = torch.as_tensor(d2t).flatten()
-    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-        raise BadInputError(f"{source} must hold integer offsets (got {d2t.dtype})")
-    K = d2t.numel()
-    if not 0 < K <= vocab_size:
-        raise BadInputError(
-            f"{source} has {K} entries, but a draft vocabulary holds 1..{vocab_size} tokens of "
-            "this target: it belongs to another target, or is not a d2t (t2d has one entry per "
-            "target token)"
-        )
-    ids = d2t.long() + torch.arange(K)
-    if K > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        raise BadInputError(
-            f"{source} maps draft ids to target ids that are not strictly increasing"
-        )
-    if int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
-        raise BadInputError(
-            f"{source} maps to target ids outside [0, {vocab_size}): built for another target"
-        )
-    return ids
+__all__ = ["ids_from_d2t", "kept_ids", "mapping_from_ids", "read_vocab_file"]
 
 
 def read_vocab_file(path: str | os.PathLike, vocab_size: int) -> torch.Tensor:

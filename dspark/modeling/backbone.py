@@ -157,7 +157,8 @@ class BlockParallelBackbone:
             [DSparkDecoderLayer(config) for _ in range(config.num_hidden_layers)]
         )
         self.norm = DSparkRMSNorm(H, eps=config.rms_norm_eps)
-        self.lm_head = nn.Linear(H, V, bias=False)
+        # K rows: the target's head at the draft's ids (K = V unless the vocabulary is reduced)
+        self.lm_head = nn.Linear(H, config.num_draft_tokens, bias=False)
         self.rope = DSparkRope(config)
         # "sdpa" (explicit boolean mask; the tested path), "flex" or "auto" (flex on CUDA).
         self.attn_backend = "sdpa"

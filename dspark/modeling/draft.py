@@ -58,6 +58,32 @@ def teacher_forced_prev_tokens(
     return input_ids.gather(1, pos.view(B, -1)).view(pos.shape)
 
 
+def _kept_rows(config: DSparkConfig, kept_ids) -> torch.Tensor | None:
+    """The sorted target ids `[K]` a fresh reduced draft keeps (None for a full one),
+    checked against `config.draft_vocab_size`."""
+    from dspark.modeling.vocab_map import mapping_from_ids
+
+    K = config.draft_vocab_size
+    if kept_ids is None:
+        if K is not None:
+            raise ValueError(
+                f"config.draft_vocab_size={K}: pass kept_ids, the {K} target ids the draft scores "
+                "(dspark.data.draft_vocab writes them)"
+            )
+        return None
+    ids = torch.as_tensor(kept_ids, dtype=torch.long).flatten().cpu()
+    if ids.numel() == int(config.vocab_size) and K is None:
+        mapping_from_ids(ids, int(config.vocab_size))  # every id once: the full vocabulary
+        return None
+    if K is None or ids.numel() != int(K):
+        raise ValueError(
+            f"kept_ids holds {ids.numel()} target ids but config.draft_vocab_size is {K}: "
+            "build the config with draft_vocab_size=len(kept_ids)"
+        )
+    mapping_from_ids(ids, int(config.vocab_size), source="kept_ids")  # in range, no repeats
+    return torch.unique(ids)
+
+
 class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
     config: DSparkConfig
     config_class = DSparkConfig
@@ -76,6 +102,15 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         self._build_backbone(config)
         self.markov_head = build_markov_head(config)
         self.confidence_head = build_confidence_head(config)
+        if config.draft_vocab_size is not None:
+            # The reduced vocabulary's maps (dspark/modeling/vocab_map.py), saved with the
+            # weights: d2t [K] offsets (target id = draft id + d2t), t2d [V] kept-id flags.
+            # Placeholders (ids 0..K-1) until `from_target` or a checkpoint fills them.
+            K, V = int(config.draft_vocab_size), int(config.vocab_size)
+            t2d = torch.zeros(V, dtype=torch.bool)
+            t2d[:K] = True
+            self.register_buffer("d2t", torch.zeros(K, dtype=torch.long), persistent=True)
+            self.register_buffer("t2d", t2d, persistent=True)
         self.post_init()
         self.freeze_target_copies()
 
@@ -87,11 +122,15 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         config: DSparkConfig,
         *,
         dtype: torch.dtype | None = None,
+        kept_ids: torch.Tensor | list[int] | None = None,
     ) -> DSparkDraftModel:
         """A fresh draft for `target_model`: `embed_tokens` and `lm_head` are copies (never ties,
         also for tied-embedding targets such as SmolLM2) of the target's, frozen.
 
-        Placed on the target's device, in `dtype` (default float32).
+        A reduced vocabulary (`config.draft_vocab_size` K) needs `kept_ids`, the K target ids
+        the draft scores (any order, no repeats): `lm_head` takes the target head's rows at
+        those ids in increasing order, and `d2t` / `t2d` map them. Placed on the target's
+        device, in `dtype` (default float32).
         """
         emb = target_model.get_input_embeddings().weight
         head = target_model.get_output_embeddings().weight
@@ -102,10 +141,19 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
                 f"target embeddings {tuple(emb.shape)} / lm_head {tuple(head.shape)} do not match "
                 f"the draft config (vocab {V}, hidden {H}); build the config from this target"
             )
+        rows = _kept_rows(config, kept_ids)  # [K] sorted target ids, None when full
         model = cls(config)
         with torch.no_grad():
             model.embed_tokens.weight.copy_(emb.detach().float())
-            model.lm_head.weight.copy_(head.detach().float())
+            if rows is None:
+                model.lm_head.weight.copy_(head.detach().float())
+            else:
+                model.lm_head.weight.copy_(head.detach()[rows.to(head.device)].float())
+                from dspark.modeling.vocab_map import mapping_from_ids
+
+                d2t, t2d = mapping_from_ids(rows, int(V))
+                model.d2t.copy_(d2t)
+                model.t2d.copy_(t2d)
         # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
         model.to(device=emb.device, dtype=dtype or torch.float32)  # type: ignore[call-arg]
         model.freeze_target_copies()
@@ -116,10 +164,40 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 
+    # ---------------------------------------------------------------- draft vocabulary
+    @property
+    def kept_target_ids(self) -> torch.Tensor | None:
+        """The target ids `[K]` (long, strictly increasing) the draft's logits score, i.e.
+        `d2t + arange(K)`; None for a full-vocabulary draft (draft id == target id)."""
+        d2t = getattr(self, "d2t", None)
+        if d2t is None:
+            return None
+        return d2t + torch.arange(d2t.numel(), device=d2t.device)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids of `draft_ids [...]` (values in 0..K-1), same shape; the identity for a
+        full-vocabulary draft."""
+        d2t = getattr(self, "d2t", None)
+        if d2t is None:
+            return draft_ids
+        return draft_ids + d2t[draft_ids]
+
+    def check_vocab_maps(self) -> None:
+        """Raise `BadInputError` when `d2t` / `t2d` are not one consistent map of K increasing
+        target ids (a damaged or hand-edited checkpoint); a full draft has nothing to check."""
+        d2t = getattr(self, "d2t", None)
+        if d2t is None:
+            return
+        from dspark.modeling.vocab_map import check_t2d, ids_from_d2t
+
+        ids = ids_from_d2t(d2t.cpu(), int(self.config.vocab_size))
+        check_t2d(self.t2d.cpu(), ids)
+
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> DSparkDraftModel:
         model = super().from_pretrained(*args, **kwargs)
         model.freeze_target_copies()
+        model.check_vocab_maps()
         return model
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):

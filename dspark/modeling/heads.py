@@ -11,7 +11,9 @@ Markov heads add a bias to slot k's backbone logits U_k from the previous token 
              bias_k = W2(tanh(o)): the output reads the previous state s_{k-1} (through o),
              not s_k.
 
-W1 = `markov_w1` Embedding(V, r), W2 = `markov_w2` Linear(r, V, bias=False) (weight [V, r]).
+W1 = `markov_w1` Embedding(V, r), W2 = `markov_w2` Linear(r, K, bias=False) (weight [K, r]):
+W1 reads the previous token's target id (V rows), W2 scores the draft's K ids (K = V unless
+the draft vocabulary is reduced, `config.draft_vocab_size`).
 The feature a head hands the confidence head (`feat`) is the raw W1[x_{k-1}] for every type.
 
 Confidence head: `proj` Linear(H + r -> 1) on [h_k ; W1[x_{k-1}]] (or Linear(H -> 1) on h_k);
@@ -36,10 +38,10 @@ class MarkovHead(nn.Module):
 
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__()
-        V, r = config.vocab_size, int(config.markov_rank)
+        V, K, r = config.vocab_size, config.num_draft_tokens, int(config.markov_rank)
         self.rank = r
-        self.markov_w1 = nn.Embedding(V, r)
-        self.markov_w2 = nn.Linear(r, V, bias=False)
+        self.markov_w1 = nn.Embedding(V, r)  # indexed by target ids
+        self.markov_w2 = nn.Linear(r, K, bias=False)  # one row per draft id
 
     def init_state(self, batch: int) -> torch.Tensor | None:
         """State before slot 0 (None for stateless heads)."""
@@ -54,7 +56,8 @@ class MarkovHead(nn.Module):
     def step(
         self, h_k: torch.Tensor, prev_token: torch.Tensor, state: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One serial slot: `(h_k [B,H], prev_token [B], state) -> (bias [B,V], feat [B,r], state)`.
+        """One serial slot: `(h_k [B,H], prev_token [B], state) -> (bias [B,K], feat [B,r], state)`;
+        `prev_token` holds target ids, `bias` scores draft ids.
 
         Draft logits of the slot = `U_k + bias`; `feat` feeds the confidence head.
         """
