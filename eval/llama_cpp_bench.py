@@ -1,6 +1,8 @@
 """Decode the bench prompts in llama.cpp: plain, with our DSpark draft, and n-gram speculation.
 
 python eval/llama_cpp_bench.py --draft runs/quickstart/draft --datasets embedded --tune-prompts 4
+python eval/llama_cpp_bench.py --draft runs/quickstart/draft --draft-outtype q8_0 --tune model \
+    --tune-prompts 4 --num-prompts 40 --max-new-tokens 256 --datasets gsm8k
 python eval/llama_cpp_bench.py --draft-gguf exports/draft.gguf --datasets gsm8k,humaneval,mt-bench \
     --num-prompts 40 --max-new-tokens 256 --n-max 3 --ours runs/x/benchmark/results.json
 
@@ -46,6 +48,13 @@ def parse(argv=None):
         default=0,
         help="tune (n_max, p_min) on this many prompts per set after the measured",
     )
+    ap.add_argument(
+        "--tune",
+        choices=("grid", "model"),
+        default="grid",
+        help="grid: measure every n_max x p_min and keep the fastest; model: measure four modes, "
+        "fit llama.cpp's round cost and choose from the draft's confidence (needs --draft)",
+    )
     ap.add_argument("--ours", default=None, help="eval/benchmark.py results.json to set beside")
     ap.add_argument("--server-bin", default=None, help="a native llama-server instead of xllamacpp")
     ap.add_argument("--output-dir", default="runs/llama_cpp_bench")
@@ -53,6 +62,11 @@ def parse(argv=None):
     for key in ("num_prompts", "max_new_tokens", "threads"):
         if getattr(a, key) < 1:
             raise BadInputError(f"--{key.replace('_', '-')} must be >= 1")
+    if a.tune == "model" and not a.draft:
+        raise BadInputError(
+            "--tune model reads the draft's confidences in the bundled decoder: pass --draft DIR "
+            "(the draft's own directory), or use --tune grid with --draft-gguf"
+        )
     if any(n < 1 for n in a.n_max) or not 0.0 <= a.p_min <= 1.0 or a.tune_prompts < 0:
         raise BadInputError("--n-max values must be >= 1, --p-min in [0, 1], --tune-prompts >= 0")
     return a
@@ -97,6 +111,9 @@ def main(argv=None) -> None:
             block_size=block_size,
             has_confidence=has_conf,
             tune_prompts=a.tune_prompts,
+            tune_how=a.tune,
+            draft_dir=a.draft,
+            target_spec=a.target,
             ours=rep.load_ours(a.ours),
         )
         report = rep.write(results, out)

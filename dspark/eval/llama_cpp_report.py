@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from dspark.eval.llama_cpp import (
     EngineSettings,
     Mode,
@@ -39,12 +41,25 @@ def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list
     return out
 
 
-def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_tokens, progress):
-    """The (n_max, p_min) of the highest llama.cpp tok/s over `prompts`, and the grid."""
+def tune_modes(block_size: int, has_confidence: bool, how: str) -> list[Mode]:
+    """The draft modes tuning measures: `grid` every n_max 1..block-1 x `P_MIN_GRID`; `model`
+    the three a cost fit needs (short and long blocks, and a p_min cut that drafts less at the
+    same n_max), the choice then coming from `llama_cpp_flags`."""
+    longest = max(1, block_size - 1)
+    if how == "model":
+        cut = 0.5 if has_confidence else 0.0
+        probe = {(1, 0.0), (longest, 0.0), (longest, cut), (max(1, longest // 2), 0.0)}
+        return [Mode("draft-dspark", n, p) for n, p in sorted(probe)]
     p_grid = P_MIN_GRID if has_confidence else (0.0,)
-    modes = [Mode("none")] + [
-        Mode("draft-dspark", n, p) for n in range(1, block_size) for p in p_grid
-    ]
+    return [Mode("draft-dspark", n, p) for n in range(1, block_size) for p in p_grid]
+
+
+def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_tokens, progress,
+         how: str = "grid", rounds=None):  # fmt: skip
+    """Measure `tune_modes` on `prompts` (pooled over their sets); the fastest measured mode, or
+    with `rounds` (`decoder_rounds`) under `how="model"` the cost model's choice; and the grid
+    with each mode's figures (and, with `rounds`, its predicted ones)."""
+    modes = [Mode("none"), *tune_modes(block_size, has_confidence, how)]
     runs = run_modes(settings, modes, prompts, max_new_tokens, progress=progress)
 
     def pooled(mode: Mode) -> ModeRun:  # every tuning prompt of every set, as one run
@@ -53,12 +68,64 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
     plain = pooled(modes[0])
     grid: list[dict] = []
     for mode in modes[1:]:
-        r = pooled(mode).summary(plain)
+        run = pooled(mode)
+        r = run.summary(plain)
         grid.append({"n_max": mode.n_max, "p_min": mode.p_min, "tokens_per_s": r["tokens_per_s"],
                      "tau": r["tau"], "round_ms": r["round_ms"],
-                     "break_even_tau": r.get("break_even_tau")})  # fmt: skip
+                     "break_even_tau": r.get("break_even_tau"), "rounds": run.rounds,
+                     "drafted": run.drafted, "decode_ms": 1e3 * run.seconds})  # fmt: skip
     best = max(grid, key=lambda g: g["tokens_per_s"] or 0.0)
-    return Mode("draft-dspark", int(best["n_max"]), float(best["p_min"])), grid
+    out = {"grid": grid, "how": how, "plain_tokens_per_s": plain.tokens / plain.seconds}
+    chosen = Mode("draft-dspark", int(best["n_max"]), float(best["p_min"]))
+    if rounds is not None:
+        from dspark.eval import llama_cpp_flags as flags
+
+        cost = flags.fit_round_cost(grid, 1e3 * plain.seconds / plain.tokens)
+        conf, surv = rounds["conf"], rounds["survival"]
+        for g in grid:
+            g["predicted"] = flags.predict(cost, conf, surv, g["n_max"], g["p_min"])
+        pick, table = flags.choose_flags(cost, conf, surv, max(1, block_size - 1))
+        out["cost"] = cost.as_dict()
+        out["model_choice"] = pick
+        out["model_table"] = table
+        out["rounds"] = {k: v for k, v in rounds.items() if k not in ("conf", "survival")}
+        if how == "model":
+            chosen = Mode("draft-dspark", pick["n_max"], pick["p_min"])
+    return chosen, out
+
+
+def decoder_rounds(draft_dir, target_spec: str, prompt_sets, max_new_tokens: int) -> dict:
+    """Rounds of the bundled decoder (fp32, T=0, full-block verification, raw confidences) on
+    `prompt_sets`: `conf [R, gamma]` (NaN where unrecorded), its STS-calibrated `survival`,
+    and what was decoded. The acceptance side of `llama_cpp_flags`."""
+    import torch
+
+    from dspark.decoding import SpeculativeDecoder
+    from dspark.eval import llama_cpp_flags as flags
+    from dspark.eval.calibrate import collect
+    from dspark.export.load import load_draft
+    from dspark.target import load_target
+
+    target, tokenizer = load_target(target_spec, dtype=torch.float32)
+    draft = load_draft(draft_dir).eval().requires_grad_(False)
+    temps = getattr(draft.config, "confidence_temperatures", None)
+    decoder = SpeculativeDecoder(target, draft, temperature=0.0, verify_policy="full",
+                                 calibrate=False, max_length=4096)  # fmt: skip
+    prompts = [p for ps in prompt_sets.values() for p in ps]
+    eos = tokenizer.eos_token_id
+    per_request = collect(decoder, prompts, max_new_tokens, 1, eos, 0)
+    conf = np.concatenate([m[0] for m in per_request]) if per_request else np.zeros((0, 1))
+    return {
+        "conf": conf,
+        "survival": flags.calibrated_survival(conf, temps),
+        "count": int(conf.shape[0]),
+        "requests": len(prompts),
+        "calibrated": temps is not None,
+        "decoder": "bundled, float32, T=0, full-block verification",
+        "mean_accepted_full_block": float(
+            np.mean([a.sum(1).mean() for _, a, _ in per_request]) if per_request else 0.0
+        ),
+    }
 
 
 def bench(
@@ -74,17 +141,29 @@ def bench(
     block_size: int,
     has_confidence: bool,
     tune_prompts: int = 0,
+    tune_how: str = "grid",
+    draft_dir=None,
+    target_spec: str = "embedded",
     ours: dict | None = None,
     progress=print,
 ) -> dict:
+    """Plain, `draft_modes`, the tuned mode and n-gram speculation on the first `num_prompts`
+    of each set. Tuning (`tune_prompts` > 0) runs on the prompts after those; with `draft_dir`
+    (the draft's HF dir) the bundled decoder's rounds on them feed the cost model
+    (`llama_cpp_flags`), whose choice `tune_how="model"` takes."""
     results: dict = {"tuning": None}
     modes = [Mode("none"), *draft_modes]
     if tune_prompts > 0 and settings.draft_gguf:
         held = prompt_sets(tokenizer, datasets, bench_dir, num_prompts, num_prompts + tune_prompts)
         held = {k: v for k, v in held.items() if v}
         if held:
-            best, grid = tune(settings, block_size, has_confidence, held, max_new_tokens, progress)
-            results["tuning"] = {"prompts": {k: len(v) for k, v in held.items()}, "grid": grid,
+            rounds = None
+            if draft_dir is not None:
+                progress(f"bundled decoder rounds on the tuning prompts ({draft_dir})")
+                rounds = decoder_rounds(draft_dir, target_spec, held, max_new_tokens)
+            best, tuning = tune(settings, block_size, has_confidence, held, max_new_tokens,
+                                progress, how=tune_how, rounds=rounds)  # fmt: skip
+            results["tuning"] = {"prompts": {k: len(v) for k, v in held.items()}, **tuning,
                                  "best": {"n_max": best.n_max, "p_min": best.p_min}}  # fmt: skip
             if best not in modes:
                 modes.append(best)
@@ -220,19 +299,47 @@ def render_markdown(results: dict, png: str | None) -> str:
             "The cost curve behind it: a round's time in plain llama.cpp steps (the tau it needs "
             "to break even) against the tau it reached.",
             "",
-            "| n_max | p_min | tok/s | tau | ms/round | round cost (plain steps) |",
-            "|---|---|---|---|---|---|",
+            "| n_max | p_min | tok/s | tau | ms/round | round cost (plain steps) "
+            "| predicted tok/s | predicted tau |",
+            "|---|---|---|---|---|---|---|---|",
             *[
                 f"| {g['n_max']} | {g['p_min']:g} | {_f(g['tokens_per_s'])} | {_f(g['tau'], 2)} "
-                f"| {_f(g['round_ms'], 2)} | {_f(g['break_even_tau'], 2)} |"
+                f"| {_f(g['round_ms'], 2)} | {_f(g['break_even_tau'], 2)} "
+                f"| {_f((g.get('predicted') or {}).get('tokens_per_s'))} "
+                f"| {_f((g.get('predicted') or {}).get('tau'), 2)} |"
                 for g in tuning["grid"]
             ],
             "",
+            *cost_model_lines(tuning),
             f"Tuned server: `{results['tuned_command']}`",
         ]
     if png:
         lines += ["", f"![tok/s]({png})"]
     return "\n".join(lines) + "\n"
+
+
+def cost_model_lines(tuning: dict) -> list[str]:
+    """The fitted llama.cpp round cost and the flags it chooses (Markdown lines)."""
+    cost, pick = tuning.get("cost"), tuning.get("model_choice")
+    if not cost or not pick:
+        return []
+    s = cost["plain_step_ms"]
+    r = tuning["rounds"]
+    return [
+        f"Cost model fitted to those runs (llama_cpp_flags): plain step {s:.2f} ms; a round adds "
+        f"{cost['base_ms']:.2f} ms of draft work whatever it drafts, {cost['per_slot_ms']:.2f} ms "
+        f"per n_max slot and {cost['per_draft_ms']:.2f} ms of verify per drafted token, so even "
+        f"n_max 1 needs tau >= {(s + cost['base_ms'] + cost['per_slot_ms']) / s:.2f} "
+        "to break even. Acceptance from the bundled decoder's rounds on the same prompts "
+        f"({r['count']} rounds, {r['decoder']}, "
+        f"{'STS-calibrated' if r['calibrated'] else 'uncalibrated'} confidence).",
+        "",
+        f"Its choice: `--spec-draft-n-max {pick['n_max']} --spec-draft-p-min {pick['p_min']:g}`, "
+        f"predicted {pick['tokens_per_s']:.1f} tok/s (tau {pick['tau']:.2f}) against plain "
+        f"{pick['plain_tokens_per_s']:.1f}"
+        + (" (tuning by the model)." if tuning.get("how") == "model" else " (the grid decides)."),
+        "",
+    ]
 
 
 def plot(results: dict, path: Path) -> Path:

@@ -1,0 +1,130 @@
+"""llama.cpp flag choice from a fitted round cost and recorded confidences, against by-hand
+figures (dspark/eval/llama_cpp_flags.py)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dspark.eval import llama_cpp_flags as F
+
+NAN = math.nan
+
+
+def _rows(cost: F.RoundCost, modes):
+    """Synthetic llama.cpp runs: (n_max, rounds, drafted) -> decode_ms the cost model gives."""
+    return [
+        {
+            "n_max": n,
+            "rounds": r,
+            "drafted": d,
+            "decode_ms": r * (cost.plain_step_ms + cost.base_ms + cost.per_slot_ms * n)
+            + cost.per_draft_ms * d,
+        }  # fmt: skip
+        for n, r, d in modes
+    ]
+
+
+def test_fit_recovers_the_coefficients_that_made_the_runs():
+    truth = F.RoundCost(13.5, 9.0, 2.5, 0.75)
+    rows = _rows(truth, [(1, 800, 700), (6, 700, 4000), (6, 900, 60), (3, 750, 2000)])
+    fit = F.fit_round_cost(rows, 13.5)
+    for a, b in zip(fit.as_dict().values(), truth.as_dict().values(), strict=True):
+        assert a == pytest.approx(b, rel=1e-9)
+
+
+def test_fit_never_returns_a_negative_cost():
+    # runs where drafting more looks cheaper (noise): the verify term is fixed at 0, not < 0
+    rows = [
+        {"n_max": 1, "rounds": 100, "drafted": 100, "decode_ms": 100 * 20.0},
+        {"n_max": 1, "rounds": 100, "drafted": 10, "decode_ms": 100 * 20.5},
+        {"n_max": 4, "rounds": 100, "drafted": 400, "decode_ms": 100 * 26.0},
+    ]
+    fit = F.fit_round_cost(rows, 10.0)
+    assert fit.per_draft_ms == 0.0
+    assert min(fit.base_ms, fit.per_slot_ms) >= 0.0
+    # with the verify term gone, base + per_slot * n fits rounds' 10.25 / 16 ms by hand
+    assert fit.base_ms + fit.per_slot_ms == pytest.approx(10.25, abs=0.2)
+
+
+def test_drafted_slots_stop_at_the_first_low_confidence_and_at_nan():
+    conf = np.array([[0.9, 0.2, 0.9], [0.6, 0.7, NAN], [0.1, 0.9, 0.9]])
+    assert F.drafted_slots(conf, 3, 0.5).tolist() == [1, 2, 0]
+    assert F.drafted_slots(conf, 3, 0.0).tolist() == [3, 2, 3]  # p_min 0: only the record ends
+    assert F.drafted_slots(conf, 1, 0.0).tolist() == [1, 1, 1]
+
+
+def test_predict_by_hand():
+    cost = F.RoundCost(10.0, 4.0, 1.0, 0.5)
+    conf = np.array([[0.8, 0.5], [0.3, 0.9]])
+    surv = F.calibrated_survival(conf, None)  # uncalibrated: the cumulative product
+    np.testing.assert_allclose(surv, [[0.8, 0.4], [0.3, 0.27]])
+    p = F.predict(cost, conf, surv, 2, 0.4)
+    # round 1 drafts 2 (0.8, 0.5 >= 0.4): 1 + 0.8 + 0.4 tokens, 10 + 4 + 2 + 1 ms
+    # round 2 drafts 0 (0.3 < 0.4): 1 token, 10 + 4 + 2 ms
+    assert p["tau"] == pytest.approx((2.2 + 1.0) / 2)
+    assert p["round_ms"] == pytest.approx((17.0 + 16.0) / 2)
+    assert p["tokens_per_s"] == pytest.approx(1e3 * 3.2 / 33.0)
+    assert p["drafted_per_round"] == pytest.approx(1.0)
+
+
+def test_sts_temperatures_change_the_survival():
+    conf = np.array([[0.8, 0.5]])
+    z = math.log(0.8 / 0.2)
+    s = F.calibrated_survival(conf, [2.0, 1.0])
+    assert s[0, 0] == pytest.approx(1 / (1 + math.exp(-z / 2)))
+    assert s[0, 1] == pytest.approx(s[0, 0] * 0.5)
+
+
+def test_choice_prefers_short_blocks_when_a_slot_is_expensive_and_long_when_cheap():
+    conf = np.array([[0.9, 0.9, 0.9, 0.9]] * 4 + [[0.2, 0.2, 0.2, 0.2]] * 4)
+    surv = F.calibrated_survival(conf, None)
+    dear = F.RoundCost(10.0, 1.0, 6.0, 0.0)  # every computed slot costs 0.6 plain steps
+    cheap = F.RoundCost(10.0, 1.0, 0.1, 3.0)  # slots cheap, each verified draft dear
+    best_dear, table = F.choose_flags(dear, conf, surv, 4)
+    best_cheap, _ = F.choose_flags(cheap, conf, surv, 4)
+    assert best_dear == max(table, key=lambda r: r["tokens_per_s"])
+    assert len(table) == 4 * len(F.P_MIN_CHOICES)
+    assert best_dear["n_max"] < best_cheap["n_max"]
+    assert best_cheap["n_max"] == 4
+    # the confident half drafts, the doubtful half does not: a cut between 0.2 and 0.9 wins
+    assert 0.2 < best_cheap["p_min"] <= 0.9
+    assert F.needed_tau(dear, 1, 1) == pytest.approx(1.7)
+
+
+def test_tune_by_model_fits_the_simulated_engine_and_takes_its_choice(monkeypatch):
+    """`tune(how="model")` on an engine simulated from a known cost and known confidences: the
+    fitted cost is that cost, and the chosen mode is the by-hand best of `choose_flags`."""
+    from dspark.eval import llama_cpp_report as rep
+    from dspark.eval.llama_cpp import Completion, ModeRun
+
+    truth = F.RoundCost(12.0, 8.0, 2.0, 1.0)
+    conf = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]] * 3 + [[0.3, 0.2, 0.2, 0.2, 0.2, 0.2]] * 3)
+    surv = F.calibrated_survival(conf, None)
+
+    def fake_run_modes(settings, modes, prompts, max_new_tokens, progress=print):
+        out = {"set": {}}
+        for m in modes:
+            if m.spec == "none":
+                out["set"][m.name] = ModeRun(m, [Completion("x", 100, 100 * truth.plain_step_ms)])
+                continue
+            d = F.drafted_slots(conf, m.n_max, m.p_min)
+            rounds = 600  # 100 passes over the 6 recorded rounds
+            drafted = int(d.sum()) * 100
+            ms = sum(truth.round_ms(m.n_max, x) for x in d) * 100
+            accepted = int(round(100 * sum(surv[i, : d[i]].sum() for i in range(len(d)))))
+            c = Completion("x", rounds + accepted, ms, drafted, accepted)
+            out["set"][m.name] = ModeRun(m, [c])
+        return out
+
+    monkeypatch.setattr(rep, "run_modes", fake_run_modes)
+    rounds = {"conf": conf, "survival": surv, "count": 6, "calibrated": False, "decoder": "x"}
+    chosen, info = rep.tune(None, 7, True, {"set": [[1]]}, 16, print, how="model", rounds=rounds)
+    assert len(info["grid"]) == 4  # the probe, not the grid
+    for k, v in truth.as_dict().items():
+        assert info["cost"][k] == pytest.approx(v, rel=1e-6), k
+    best, _ = F.choose_flags(truth, conf, surv, 6)
+    assert (chosen.n_max, chosen.p_min) == (best["n_max"], best["p_min"])
+    # the probe's predictions reproduce what the simulated engine measured
+    for g in info["grid"]:
+        assert g["predicted"]["tokens_per_s"] == pytest.approx(g["tokens_per_s"], rel=1e-3)
