@@ -23,7 +23,11 @@ from collections.abc import Sequence
 
 import torch
 
+from dspark import dtype_choice as choice
 from dspark.config import DSparkConfig
+from dspark.dtype_choice import expected_tokens
+
+__all__ = ["best_verify_length", "break_even_tau", "expected_tokens", "measure_costs", "speedup"]
 from dspark.modeling import DSparkDraftModel
 
 
@@ -130,15 +134,6 @@ def _measure(target, drafts, block_size, context_len, repeats, mask_token_id, ma
     return out
 
 
-def expected_tokens(accept: Sequence[float], n_verify: int) -> float:
-    """tau of a round that verifies `n_verify` drafts: 1 + sum_k prod_{i<=k} accept_i."""
-    tau, surv = 1.0, 1.0
-    for a in list(accept)[:n_verify]:
-        surv *= a
-        tau += surv
-    return tau
-
-
 def speedup(tau: float, t_ar: float, t_draft: float, t_verify: float) -> float:
     return tau * t_ar / (t_draft + t_verify)
 
@@ -150,12 +145,13 @@ def break_even_tau(t_ar: float, t_draft: float, t_verify: float) -> float:
 
 def best_verify_length(costs: dict, accept: Sequence[float], draft_layers: int) -> dict:
     """The verify length L (1..block size) with the highest predicted speedup for a draft of
-    `draft_layers` layers whose conditional acceptance per position is `accept`."""
-    t_ar, t_draft = costs["t_ar"], costs["t_draft"][draft_layers]
-    rows = []
-    for L in range(1, len(accept) + 1):
-        tau = expected_tokens(accept, L)
-        rows.append(
-            {"L": L, "tau": tau, "speedup": speedup(tau, t_ar, t_draft, costs["t_verify"][L + 1])}
-        )
-    return max(rows, key=lambda r: r["speedup"]) | {"all": rows}
+    `draft_layers` layers whose conditional acceptance per position is `accept`
+    (`dspark.dtype_choice.best_verify_length` on this draft's round cost)."""
+    profile = {
+        "t_ar": costs["t_ar"],
+        "t_verify": costs["t_verify"],
+        "t_draft": costs["t_draft"][draft_layers],
+    }
+    best = choice.best_verify_length(profile, accept)
+    rows = [{k: r[k] for k in ("L", "tau", "speedup")} for r in best["curve"]]
+    return {k: best[k] for k in ("L", "tau", "speedup")} | {"all": rows}

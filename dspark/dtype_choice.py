@@ -1,0 +1,108 @@
+"""Which dtype and how many drafts to verify, decided from a measured profile (pure math).
+
+A profile is what `dspark.dtype_probe` measured on one device for one target at one batch B,
+per candidate dtype (seconds, medians):
+    {"float32": {"t_ar": s, "t_verify": {n: s, ...}, "t_draft": s | None}, "bfloat16": {...}}
+- `t_ar`: one plain AR step of B rows (1 token each);
+- `t_verify[n]`: one target pass of B rows x n tokens with the tapped features (a speculative
+  round's verify of n - 1 drafts plus the anchor; for feature capture, a forward of n tokens);
+- `t_draft`: one draft round (`propose`) of B rows, None without a draft.
+Keys of `t_verify` may be strings (a profile read back from JSON).
+
+Decisions, each the argmin of a job's cost per committed token:
+- `plain` (benchmark baseline, regeneration): `t_ar`;
+- `speculative`: min over L of `(t_draft + t_verify[L + 1]) / tau(L)`, tau(L) from the
+  draft's conditional acceptance per position (`expected_tokens`); without an acceptance
+  profile the full block's round cost `t_draft + t_verify[gamma + 1]` (tau is then the same
+  in every dtype, so the cheaper round wins);
+- `capture`: `t_verify` at its largest n (a batched forward over whole rows).
+This module imports nothing from dspark, so every layer (data, eval) may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+JOBS = ("plain", "speculative", "capture")
+CANDIDATES = ("float32", "bfloat16")
+
+
+def _curve(p: Mapping) -> dict[int, float]:
+    return {int(n): float(t) for n, t in p["t_verify"].items()}
+
+
+def expected_tokens(accept: Sequence[float], n_verify: int) -> float:
+    """tau of a round that verifies `n_verify` drafts: 1 + sum_k prod_{i<=k} accept_i."""
+    tau, surv = 1.0, 1.0
+    for a in list(accept)[:n_verify]:
+        surv *= float(a)
+        tau += surv
+    return tau
+
+
+def verify_curve(p: Mapping, accept: Sequence[float]) -> list[dict]:
+    """Per verify length L = 1..min(len(accept), measured): tau, round seconds, seconds per
+    committed token and predicted speedup over this dtype's plain step."""
+    curve, t_draft = _curve(p), float(p.get("t_draft") or 0.0)
+    rows = []
+    for L in range(1, len(accept) + 1):
+        if L + 1 not in curve:
+            break
+        tau = expected_tokens(accept, L)
+        round_s = t_draft + curve[L + 1]
+        rows.append(
+            {
+                "L": L,
+                "tau": tau,
+                "round_s": round_s,
+                "s_per_token": round_s / tau,
+                "speedup": tau * float(p["t_ar"]) / round_s,
+                "break_even_tau": round_s / float(p["t_ar"]),
+            }
+        )
+    return rows
+
+
+def best_verify_length(p: Mapping, accept: Sequence[float]) -> dict:
+    """The L with the highest predicted speedup (ties: the shorter L, the cheaper pass), with
+    the whole curve under "curve"."""
+    rows = verify_curve(p, accept)
+    if not rows:
+        raise ValueError("the profile has no verify pass of 2+ tokens or accept is empty")
+    best = min(rows, key=lambda r: (r["s_per_token"], r["L"]))
+    return dict(best) | {"curve": rows}
+
+
+def job_cost(p: Mapping, job: str, accept: Sequence[float] | None = None, gamma: int = 0) -> dict:
+    """Seconds per step of the job in one dtype (lower is faster) and what it came from."""
+    if job == "plain":
+        return {"cost_s": float(p["t_ar"]), "from": "t_ar"}
+    curve = _curve(p)
+    if job == "capture":
+        n = max(curve)
+        return {"cost_s": curve[n], "from": f"t_verify[{n}]"}
+    if job != "speculative":
+        raise ValueError(f"job={job!r} is not one of {JOBS}")
+    if accept:
+        best = best_verify_length(p, accept)
+        return {"cost_s": best["s_per_token"], "from": "best L", "L": best["L"]}
+    n = gamma + 1 if gamma + 1 in curve else max(curve)
+    return {
+        "cost_s": float(p.get("t_draft") or 0.0) + curve[n],
+        "from": f"t_draft + t_verify[{n}] (no acceptance profile: full block)",
+    }
+
+
+def choose_dtype(
+    profile: Mapping[str, Mapping],
+    job: str,
+    accept: Sequence[float] | None = None,
+    gamma: int = 0,
+) -> dict:
+    """The candidate dtype with the lowest job cost: {"dtype", "job", "costs": {dtype: ...}}.
+    Ties go to the first candidate in `profile` order."""
+    if not profile:
+        raise ValueError("an empty profile: measure at least one dtype")
+    costs = {d: job_cost(p, job, accept, gamma) for d, p in profile.items()}
+    best = min(costs, key=lambda d: costs[d]["cost_s"])
+    return {"dtype": best, "job": job, "costs": costs}

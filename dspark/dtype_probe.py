@@ -1,0 +1,259 @@
+"""A short measured probe of each candidate dtype on this device, cached per device and target.
+
+`load_or_probe(target, ...)` returns the profile `dspark.dtype_choice` decides from: per dtype
+the plain AR step, the target pass of n tokens (tapped) and, with a draft, one draft round, all
+at the batch B the job runs (B rows over a `context_len`-token context; medians of `repeats`
+after a warm-up). Each candidate runs on a copy of the target (and draft) cast to it, so the
+caller's models are left as they are; the numbers are about speed only (random token ids).
+
+Cached under `$DSPARK_CACHE/dtype_probe/` keyed by the device name (`dspark.machine.cpu_name`
+on CPUs, the CUDA name otherwise), CPU threads, target, batch, the token counts measured and the
+draft's shape: a second job on the same machine reads it back instead of measuring again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from dspark.dtype_choice import CANDIDATES
+
+PROBE_VERSION = 1
+
+
+def device_label(device: torch.device) -> str:
+    from dspark.machine import cpu_name
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
+def _median(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    def timed() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - t0
+
+    timed()  # warm-up: first-call allocations and kernel selection
+    return statistics.median([timed() for _ in range(repeats)])
+
+
+def _draft_signature(draft) -> dict | None:
+    if draft is None:
+        return None
+    c = draft.config
+    keys = ("num_hidden_layers", "block_size", "markov_rank", "hidden_size", "vocab_size")
+    return {k: getattr(c, k, None) for k in keys} | {
+        "confidence_head": getattr(draft, "confidence_head", None) is not None
+    }
+
+
+def probe_key(target, *, batch: int, tokens: Sequence[int], taps: Sequence[int], draft) -> dict:
+    """What the cached profile is valid for (it is measured again when any of this differs)."""
+    device = next(target.parameters()).device
+    return {
+        "version": PROBE_VERSION,
+        "device": device_label(device),
+        "device_type": device.type,
+        "threads": torch.get_num_threads(),
+        "target": getattr(target.config, "_name_or_path", "") or target.config.model_type,
+        "batch": int(batch),
+        "tokens": [int(n) for n in tokens],
+        "taps": [int(t) for t in taps],
+        "draft": _draft_signature(draft),
+    }
+
+
+def cache_path(key: dict) -> Path:
+    from dspark.target.loading import cache_root
+
+    draft = key["draft"]
+    shape = (
+        "nodraft"
+        if draft is None
+        else f"d{draft['num_hidden_layers']}-g{draft['block_size']}-r{draft['markov_rank']}"
+    )
+    name = (
+        f"{key['device']}__{key['threads']}t__{Path(str(key['target'])).name}__b{key['batch']}"
+        f"__n{'-'.join(map(str, key['tokens']))}__{shape}"
+    )
+    return cache_root() / "dtype_probe" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".json")
+
+
+def measure_one(
+    target,
+    draft=None,
+    *,
+    batch: int = 1,
+    tokens: Sequence[int] = (2, 8),
+    taps: Sequence[int] = (),
+    context_len: int = 128,
+    repeats: int = 5,
+) -> dict:
+    """{"t_ar", "t_verify": {n: s}, "t_draft"} of `target` (and `draft`) as they are."""
+    from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
+    from dspark.decoding.draft_step import propose
+    from dspark.decoding.target_step import TargetRunner
+
+    dev = next(target.parameters()).device
+    g = int(draft.config.block_size) if draft is not None else 0
+    taps = list(draft.config.target_layer_ids) if draft is not None else list(taps)
+    n_max = max([1, *tokens])
+    max_len = bucket(context_len + max(n_max, g) + 2, 64, 1 << 20)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (batch, context_len + n_max), generator=gen)
+    ids = ids.to(dev)  # [B, context + n_max]: the context, then the tokens each pass runs
+    pos = torch.arange(context_len + n_max, device=dev)[None].expand(batch, -1)
+    runner = TargetRunner(target, taps)
+    cache = TargetKVCache.for_model(target, batch, max_len)
+    ctx_ids, ctx_pos = ids[:, :context_len], pos[:, :context_len]
+    _, ctx_taps = runner.forward(
+        ctx_ids, ctx_pos, cache, bucket(context_len, 16, max_len), start=0, tapped=bool(taps)
+    )
+    kv_len = bucket(context_len + n_max + 1, 16, max_len)
+
+    def target_pass(n: int, tapped: bool):
+        # rewrites the same n slots after the context each call: the cache never grows
+        step = slice(context_len, context_len + n)
+        return runner.forward(
+            ids[:, step], pos[:, step], cache, kv_len, start=context_len, tapped=tapped
+        )
+
+    with torch.inference_mode():
+        out: dict = {"t_ar": _median(lambda: target_pass(1, False)[0].argmax(-1), repeats, dev)}
+        out["t_verify"] = {
+            int(n): _median(lambda n=n: target_pass(n, bool(taps))[0].argmax(-1), repeats, dev)
+            for n in tokens
+        }
+        out["t_draft"] = None
+        if draft is not None:
+            ctx = DraftContextCache(batch, max_len)
+            ctx.write(draft.context_kv(draft.encode_context(ctx_taps), ctx_pos), ctx_pos, 0)
+            n_ctx = bucket(context_len, 16, max_len)
+            apos = torch.full((batch,), context_len, device=dev)
+            valid = torch.arange(max_len, device=dev)[None, :n_ctx] < apos[:, None]
+            anchor = ids[:, context_len]
+            mask_id = int(draft.config.mask_token_id)
+            out["t_draft"] = _median(
+                lambda: propose(
+                    draft, anchor, apos, ctx.view(n_ctx), valid, gamma=g, mask_token_id=mask_id
+                ),
+                repeats,
+                dev,
+            )
+    return out
+
+
+def probe(
+    target,
+    draft=None,
+    *,
+    candidates: Sequence[str] = CANDIDATES,
+    batch: int = 1,
+    tokens: Sequence[int] = (2, 8),
+    taps: Sequence[int] = (),
+    context_len: int = 128,
+    repeats: int = 5,
+) -> dict[str, dict]:
+    """`measure_one` per candidate dtype, each on a copy cast to it (the models are untouched)."""
+    from dspark.target.loading import _as_dtype
+
+    profile = {}
+    for name in candidates:
+        dtype = _as_dtype(name)
+        # copies made outside inference mode: the draft's T=0 pruner tracks weight versions
+        t = copy.deepcopy(target).to(dtype).eval()
+        d = copy.deepcopy(draft).to(dtype).eval() if draft is not None else None
+        profile[str(dtype).replace("torch.", "")] = measure_one(
+            t, d, batch=batch, tokens=tokens, taps=taps, context_len=context_len, repeats=repeats
+        )
+        del t, d
+    return profile
+
+
+def load_or_probe(
+    target,
+    draft=None,
+    *,
+    candidates: Sequence[str] = CANDIDATES,
+    batch: int = 1,
+    tokens: Sequence[int] = (2, 8),
+    taps: Sequence[int] = (),
+    refresh: bool = False,
+    **kwargs,
+) -> dict:
+    """{"key", "profile", "cache_path", "cached"}: the cached probe for this device, target,
+    batch and draft shape when one holds every candidate, else a fresh one (then cached)."""
+    taps = list(draft.config.target_layer_ids) if draft is not None else list(taps)
+    key = probe_key(target, batch=batch, tokens=tokens, taps=taps, draft=draft)
+    path = cache_path(key)
+    want = [str(_dtype_name(c)) for c in candidates]
+    if path.exists() and not refresh:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        if saved.get("key") == key and all(d in saved.get("profile", {}) for d in want):
+            prof = {d: _int_keys(saved["profile"][d]) for d in want}
+            return {"key": key, "profile": prof, "cache_path": str(path), "cached": True}
+    prof = probe(target, draft, candidates=want, batch=batch, tokens=tokens, taps=taps, **kwargs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{id(prof)}")
+    tmp.write_text(json.dumps({"key": key, "profile": prof}, indent=2) + "\n")
+    tmp.replace(path)
+    return {"key": key, "profile": prof, "cache_path": str(path), "cached": False}
+
+
+def _int_keys(p: dict) -> dict:
+    """JSON made the token counts of `t_verify` strings: back to ints."""
+    return p | {"t_verify": {int(n): float(t) for n, t in p["t_verify"].items()}}
+
+
+def choose(
+    target,
+    draft=None,
+    *,
+    job: str,
+    batch: int = 1,
+    accept: Sequence[float] | None = None,
+    candidates: Sequence[str] = CANDIDATES,
+    tokens: Sequence[int] | None = None,
+    taps: Sequence[int] = (),
+    **kwargs,
+) -> dict:
+    """Measure (or read back) every candidate for `job` at `batch` and pick the fastest:
+    `choose_dtype`'s answer plus what was measured, where it is cached and the conditions."""
+    from dspark.dtype_choice import choose_dtype
+
+    gamma = int(draft.config.block_size) if draft is not None else 0
+    if tokens is None:  # speculative: every verify length of the block; else the AR step only
+        tokens = list(range(2, gamma + 2)) if draft is not None else [1]
+    got = load_or_probe(
+        target, draft, candidates=candidates, batch=batch, tokens=tokens, taps=taps, **kwargs
+    )
+    decision = choose_dtype(got["profile"], job, accept, gamma)
+    return decision | {
+        "measured": got["profile"],
+        "cache_path": got["cache_path"],
+        "cached": got["cached"],
+        "conditions": got["key"],
+        "accept": list(accept) if accept else None,
+    }
+
+
+def _dtype_name(name: str) -> str:
+    from dspark.target.loading import _as_dtype
+
+    return str(_as_dtype(name)).replace("torch.", "")
