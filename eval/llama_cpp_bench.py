@@ -58,6 +58,7 @@ def parse(argv=None):
     ap.add_argument("--ours", default=None, help="eval/benchmark.py results.json to set beside")
     ap.add_argument("--server-bin", default=None, help="a native llama-server instead of xllamacpp")
     ap.add_argument("--output-dir", default="runs/llama_cpp_bench")
+    ap.add_argument("--verbose", action="store_true", help="llama.cpp's own log lines on stderr")
     a = ap.parse_args(argv)
     for key in ("num_prompts", "max_new_tokens", "threads"):
         if getattr(a, key) < 1:
@@ -98,7 +99,9 @@ def main(argv=None) -> None:
                                         outtype=a.draft_outtype, overwrite=True))  # fmt: skip
         if draft_gguf:
             block_size, has_conf = rep.draft_gguf_shape(draft_gguf)
-        settings = EngineSettings(target_gguf, draft_gguf, threads=a.threads)
+        settings = EngineSettings(
+            target_gguf, draft_gguf, threads=a.threads, server_bin=a.server_bin, verbose=a.verbose
+        )
         results = rep.bench(
             settings,
             tokenizer=load_tokenizer(a.target),

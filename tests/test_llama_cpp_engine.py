@@ -141,3 +141,37 @@ def test_round_trip_compares_full_block_acceptance():
     trip = round_trip(results)
     assert trip["gsm8k"]["llama_cpp"] == 30 and trip["gsm8k"]["ours"] == 32
     assert trip["gsm8k"]["difference_pct"] == pytest.approx(100 * 2 / 32)
+
+
+def test_bench_script_hands_server_bin_and_verbosity_to_the_engine(monkeypatch, tmp_path):
+    """`--server-bin` and `--verbose` reach `EngineSettings` (a native build is used at all)."""
+    import importlib.util
+    from pathlib import Path
+
+    from dspark.eval import llama_cpp_report as rep
+
+    spec = importlib.util.spec_from_file_location(
+        "llama_cpp_bench", Path(__file__).parents[1] / "eval" / "llama_cpp_bench.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seen = {}
+
+    def fake_bench(settings, **kw):
+        seen["settings"] = settings
+        raise SystemExit(0)
+
+    monkeypatch.setattr(rep, "bench", fake_bench)
+    monkeypatch.setattr("dspark.eval.prompts.check_datasets", lambda *a, **k: None)
+    monkeypatch.setattr("dspark.target.load_tokenizer", lambda *a, **k: None)
+    args = ["--target-gguf", "t.gguf", "--target", "x", "--server-bin", "/opt/llama-server",
+            "--verbose", "--datasets", "gsm8k", "--output-dir", str(tmp_path)]  # fmt: skip
+    with pytest.raises(SystemExit):
+        script.main(args)
+    s = seen["settings"]
+    assert (s.server_bin, s.verbose, s.target_gguf, s.draft_gguf) == (
+        "/opt/llama-server",
+        True,
+        "t.gguf",
+        None,
+    )

@@ -55,6 +55,7 @@ class EngineSettings:
     threads: int = 2
     ctx: int = 4096
     server_bin: str | None = None  # a native llama-server; None: xllamacpp in process
+    verbose: bool = False  # llama.cpp's own log lines (model loading, each request) on stderr
 
 
 @dataclass
@@ -120,6 +121,9 @@ class InProcessEngine:
         p.n_parallel = 1
         p.cpuparams.n_threads = settings.threads
         p.cpuparams_batch.n_threads = settings.threads
+        # llama.cpp logs ~20 lines per server start and per request at its default level (3);
+        # below 0 only its errors reach stderr, so the benchmark's progress stays readable.
+        p.verbosity = 3 if settings.verbose else -1
         kinds = xl.common_speculative_type
         if mode.spec == "draft-dspark":
             p.speculative.types = [kinds.COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK]
@@ -156,7 +160,8 @@ class NativeServerEngine:
         self.port = _free_port()
         cmd = [str(settings.server_bin), *server_args(settings, mode)]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        quiet = None if settings.verbose else subprocess.DEVNULL
+        self._proc = subprocess.Popen(cmd, stdout=quiet, stderr=quiet)
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
