@@ -175,3 +175,25 @@ def test_bench_script_hands_server_bin_and_verbosity_to_the_engine(monkeypatch, 
         "t.gguf",
         None,
     )
+
+
+def test_the_report_ranks_every_engine_and_setting_per_set():
+    from dspark.eval.llama_cpp_report import fastest
+
+    results = {
+        "datasets": {
+            "gsm8k": [
+                {"name": "plain", "tokens_per_s": 70.0},
+                {"name": "dspark n_max=1 p_min=0.5", "tokens_per_s": 75.0},
+                {"name": "ngram-mod n_max=64", "tokens_per_s": 50.0},
+            ]
+        },
+        "ours": {"gsm8k": {"ar_tokens_per_s": 11.0, "spec_tokens_per_s": 80.0, "dtype": "fp32"}},
+    }
+    assert [w for w, _ in fastest(results)["gsm8k"]] == [
+        "bundled decoder DSpark (fp32)",
+        "llama.cpp dspark n_max=1 p_min=0.5",
+        "llama.cpp plain",
+        "llama.cpp ngram-mod n_max=64",
+        "bundled decoder plain (fp32)",
+    ]

@@ -231,6 +231,21 @@ def round_trip(results: dict) -> dict:
     return out
 
 
+def fastest(results: dict) -> dict[str, list[tuple[str, float]]]:
+    """Per set, every way of decoding measured (llama.cpp's modes, and the bundled decoder's
+    plain and speculative figures when given), fastest first: `[(name, tok/s)]`."""
+    out = {}
+    for name, rows in results["datasets"].items():
+        ways = [(f"llama.cpp {r['name']}", r["tokens_per_s"]) for r in rows if r["tokens_per_s"]]
+        ours = (results.get("ours") or {}).get(name) or {}
+        dtype = ours.get("dtype") or "?"
+        for key, label in (("ar_tokens_per_s", "plain"), ("spec_tokens_per_s", "DSpark")):
+            if ours.get(key):
+                ways.append((f"bundled decoder {label} ({dtype})", ours[key]))
+        out[name] = sorted(ways, key=lambda w: -w[1])
+    return out
+
+
 def _f(x, d: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{d}f}"
 
@@ -251,6 +266,11 @@ def render_markdown(results: dict, png: str | None) -> str:
     ]
     if c.get("llama_cpp_system_info"):
         lines += [f"llama.cpp CPU features: `{c['llama_cpp_system_info']}`", ""]
+    lines += ["Fastest on this machine, per set (every engine and setting measured here):", ""]
+    for name, ways in fastest(results).items():
+        top = ", ".join(f"{w} {t:.1f} tok/s" for w, t in ways[:3])
+        lines.append(f"- {name}: {top}")
+    lines.append("")
     lines += [
         "| set | mode | tok/s | speedup vs llama.cpp plain | tau | ms/round | round cost "
         "(plain steps) | output == plain |",
