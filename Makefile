@@ -32,14 +32,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# The main job's budget on a 2-core CPU (README states the measured time); raise for a better draft.
+# The main job's budget on a 2-core CPU (docs/results.md has the measured time); raise for a better draft.
 QS_TRAIN_ROWS ?= 320
 QS_TEST_ROWS ?= 24
 QS_ANSWER_TOKENS ?= 128
 QS_BENCH_PROMPTS ?= 12
 # The target's dtype in every step. bfloat16 pays on CPUs with AVX-512-BF16 / AMX (batched bf16
 # matmuls ~2-3x cheaper than fp32 on an AMX Xeon); on an AVX2-only CPU batched bf16 is ~3x
-# SLOWER than fp32 (README "Measured"): there run `make quickstart QS_DTYPE=float32`. Another
+# SLOWER than fp32 (docs/results.md): there run `make quickstart QS_DTYPE=float32`. Another
 # dtype gets its own data, cache and run directories (suffix _float32), never a bf16 one's.
 QS_DTYPE ?= bfloat16
 QS_SUFFIX := $(if $(filter bfloat16,$(QS_DTYPE)),,_$(QS_DTYPE))
@@ -49,7 +49,7 @@ QS_RUN := runs/quickstart$(QS_SUFFIX)
 REGEN_FAST := $(PY) data_scripts/regenerate.py --target embedded --dtype $(QS_DTYPE) --tokenize
 REGEN := $(REGEN_FAST) --input embedded --max-new-tokens $(QS_ANSWER_TOKENS) --max-length 512
 # The frozen target runs once over each set (bf16, its training dtype) instead of in every step
-# of every epoch: README "Training throughput". Named by the data's size, so a rerun with other
+# of every epoch: docs/results.md, "Training and data throughput". Named by the data's size, so a rerun with other
 # QS_* sizes writes a new cache instead of meeting one made for other data.
 QS_TRAIN_FEATS := $(QS_DATA)/train/features_$(QS_TRAIN_ROWS)x$(QS_ANSWER_TOKENS)
 QS_TEST_FEATS := $(QS_DATA)/test/features_$(QS_TEST_ROWS)x$(QS_ANSWER_TOKENS)
@@ -80,7 +80,7 @@ quickstart: setup
 			--ours $(QS_RUN)/benchmark/results.json --output-dir $(QS_RUN)/llama_cpp; \
 	else echo "llama.cpp comparison skipped: pip install xllamacpp (or: pip install -e '.[llama-cpp]')"; fi
 
-# A draft that pays off (recipes/smollm2.yaml; README: figures). Budget: <= 2 h on 2 cores.
+# A draft that pays off (recipes/smollm2.yaml; figures: docs/results.md). Budget: <= 2 h on 2 cores.
 SM_DATA := runs/data/smollm2
 SM_MIX ?= ../shared/data/prompts/train_mix.jsonl
 SM_MIX_ROWS ?= 640
