@@ -1,7 +1,10 @@
-"""Pure loss functions: anchors, supervision masks, decay, L1 / c*, tau."""
+"""Pure loss functions: anchors, supervision masks, decay, L1 / c*, tau, and the terms of a
+reduced draft vocabulary against numpy references."""
 
 import math
 
+import numpy as np
+import pytest
 import torch
 
 from dspark import losses as L
@@ -75,3 +78,58 @@ def test_tau_per_block():
     m = torch.tensor([[[True, True, True], [True, True, False]]])
     tau = L.tau_per_block(c, m)
     assert torch.allclose(tau, torch.tensor([[1 + 0.5 + 0.25 + 0.125, 1 + 1.0 + 0.9]]))
+
+
+def _np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_vocab_terms_match_numpy(reduced):
+    """L1, c*, CE, in-vocab labels and greedy match against explicit numpy loops: a reduced
+    draft's p_d is 0 outside the kept ids and the target keeps its mass there."""
+    V, M = 11, 6
+    kept = torch.tensor([1, 3, 4, 8]) if reduced else None
+    ids = kept.tolist() if reduced else list(range(V))
+    gen = torch.Generator().manual_seed(0)
+    d_logits = torch.randn(M, len(ids), generator=gen, dtype=torch.float64).float() * 2
+    t_logits = torch.randn(M, V, generator=gen, dtype=torch.float64).float() * 2
+    t_logits[0, 3] = 9.0  # slot 0: the target's argmax (3) is kept ...
+    d_logits[0, ids.index(3)] = 9.0  # ... and is the draft's argmax: a greedy match
+    labels = torch.tensor([3, 0, 8, 5, 1, 10])  # 0, 5, 10 are outside the reduced vocabulary
+
+    l1 = L.slot_l1(d_logits, t_logits, kept).numpy()
+    c = L.confidence_target(torch.from_numpy(l1)).numpy()
+    ce = L.slot_cross_entropy(d_logits, labels, kept).numpy()
+    _, inside = L.in_vocab_labels(labels, kept)
+    match = L.greedy_match(d_logits, t_logits, kept).numpy()
+    dl, tl = d_logits.double().numpy(), t_logits.double().numpy()
+    for m in range(M):
+        p_d_small, p_t = _np_softmax(dl[m]), _np_softmax(tl[m])
+        p_d = np.zeros(V)
+        for j, tid in enumerate(ids):
+            p_d[tid] = p_d_small[j]
+        assert l1[m] == pytest.approx(np.abs(p_d - p_t).sum(), abs=1e-6)
+        # 1 - L1/2 is the acceptance probability sum_v min(p_d, p_t)
+        assert c[m] == pytest.approx(np.minimum(p_d, p_t).sum(), abs=1e-6)
+        lab = int(labels[m])
+        assert bool(inside[m]) == (lab in ids)
+        want_ce = -np.log(p_d_small[ids.index(lab)]) if lab in ids else 0.0
+        assert ce[m] == pytest.approx(want_ce, abs=1e-5)
+        assert match[m] == float(ids[int(np.argmax(dl[m]))] == int(np.argmax(tl[m])))
+    assert match[0] == 1.0
+    if reduced:
+        assert inside.tolist() == [True, False, True, False, True, False]
+        # the target's mass outside the kept ids is never renormalised away
+        assert (l1 >= 1 - _np_softmax(tl)[:, ids].sum(-1) - 1e-6).all()
+    else:
+        assert inside.all()
+
+
+def test_out_of_vocab_labels_get_no_ce_gradient():
+    kept = torch.tensor([2, 5, 7])
+    logits = torch.randn(3, 3, requires_grad=True)
+    ce = L.slot_cross_entropy(logits, torch.tensor([5, 6, 2]), kept)
+    ce.sum().backward()
+    assert ce[1] == 0 and logits.grad[1].abs().sum() == 0 and logits.grad[0].abs().sum() > 0

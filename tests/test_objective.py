@@ -26,8 +26,46 @@ def make_batch(S=18, seed=0):
     return {"input_ids": ids, "attention_mask": am, "loss_mask": lm}
 
 
-def reference(draft, target, batch, ce_w=0.1, l1_w=0.9, conf_w=1.0, decay=4.0):
-    """Loops over sequences, anchors and slots through the draft's inference API."""
+def reduce_vocab(draft, kept):
+    """The draft with a reduced vocabulary of the sorted target ids `kept [K]`, built by hand:
+    `lm_head` / `markov_w2` keep those rows, `d2t` / `t2d` and `config.draft_vocab_size` say so."""
+    K, V = kept.numel(), draft.config.vocab_size
+    with torch.no_grad():
+        head = torch.nn.Linear(draft.config.hidden_size, K, bias=False)
+        head.weight.copy_(draft.lm_head.weight[kept])
+        draft.lm_head = head.requires_grad_(False)
+        if draft.markov_head is not None:
+            w2 = torch.nn.Linear(draft.markov_head.rank, K, bias=False)
+            w2.weight.copy_(draft.markov_head.markov_w2.weight[kept])
+            draft.markov_head.markov_w2 = w2
+    draft.config.draft_vocab_size = K
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[kept] = True
+    for name, buf in (("d2t", kept - torch.arange(K)), ("t2d", t2d)):
+        if name in draft._buffers:
+            draft._buffers[name] = buf
+        else:
+            draft.register_buffer(name, buf)
+    if not isinstance(getattr(type(draft), "kept_target_ids", None), property):
+        draft.kept_target_ids = kept
+    assert torch.equal(draft.kept_target_ids, kept)
+    return draft
+
+
+def kept_ids_for(target, batch, seed=0):
+    """Sorted target ids: every target argmax of the batch (so greedy matches happen) plus a
+    random half of the vocabulary (so some data tokens fall outside)."""
+    with torch.no_grad():
+        top = target(batch["input_ids"]).logits.argmax(-1).flatten()
+    V = target.config.vocab_size
+    half = torch.randperm(V, generator=torch.Generator().manual_seed(seed))[: V // 2]
+    return torch.unique(torch.cat([top, half]))
+
+
+def reference(draft, target, batch, ce_w=0.1, l1_w=0.9, conf_w=1.0, decay=4.0, kept=None):
+    """Loops over sequences, anchors and slots through the draft's inference API. `kept`
+    (sorted target ids of a reduced draft vocabulary): p_d is placed into a zero [V] vector at
+    those ids, CE skips labels outside them, the draft's argmax is read through them."""
     ids, am = batch["input_ids"], batch["attention_mask"]
     lm = (batch["loss_mask"] * am).tolist()
     B, S = ids.shape
@@ -38,7 +76,8 @@ def reference(draft, target, batch, ce_w=0.1, l1_w=0.9, conf_w=1.0, decay=4.0):
     ctx = draft.encode_context(tapped)
     kv = draft.context_kv(ctx, torch.arange(S).expand(B, -1))
     head, conf_head = draft.markov_head, draft.confidence_head
-    tot = dict(w=0.0, ce=0.0, l1=0.0, bce=0.0)
+    tot = dict(w=0.0, w_ce=0.0, ce=0.0, l1=0.0, bce=0.0)
+    oov = 0
     taus, cstars, conf_err = [], {k: [] for k in range(G)}, []
     g_taus, g_match = [], {k: [] for k in range(G)}
     for b in range(B):
@@ -61,14 +100,22 @@ def reference(draft, target, batch, ce_w=0.1, l1_w=0.9, conf_w=1.0, decay=4.0):
                 if head is not None:
                     bias, feat, state = head.step(h[k][None], ids[b, p + k][None], state)
                     logits = logits + bias[0]
-                ce = -torch.log_softmax(logits.float(), -1)[ids[b, t]]
-                p_d = torch.softmax(logits.float(), -1)
+                label = int(ids[b, t])
+                ids_of = list(range(logits.shape[-1])) if kept is None else kept.tolist()
+                w = math.exp(-k / decay)
+                if label in ids_of:
+                    ce = -torch.log_softmax(logits.float(), -1)[ids_of.index(label)]
+                    tot["w_ce"] += w
+                    tot["ce"] = tot["ce"] + w * ce
+                else:
+                    oov += 1
                 p_t = torch.softmax(t_logits[b, p + k], -1)
+                p_d = torch.zeros_like(p_t).index_put(
+                    (torch.tensor(ids_of),), torch.softmax(logits.float(), -1)
+                )
                 l1 = (p_d - p_t).abs().sum()
                 c = float(min(max(1 - float(l1) / 2, 0.0), 1.0))
-                w = math.exp(-k / decay)
                 tot["w"] += w
-                tot["ce"] = tot["ce"] + w * ce
                 tot["l1"] = tot["l1"] + w * l1
                 if conf_head is not None:
                     z = conf_head(h[k][None], feat)[0]
@@ -78,14 +125,16 @@ def reference(draft, target, batch, ce_w=0.1, l1_w=0.9, conf_w=1.0, decay=4.0):
                 surv *= c
                 tau += surv
                 cstars[k].append(c)
-                hit = float(int(logits.argmax()) == int(t_logits[b, p + k].argmax()))
+                hit = float(ids_of[int(logits.argmax())] == int(t_logits[b, p + k].argmax()))
                 g_surv *= hit
                 g_tau += g_surv
                 g_match[k].append(hit)
             taus.append(tau)
             g_taus.append(g_tau)
-    loss = (ce_w * tot["ce"] + l1_w * tot["l1"] + conf_w * tot["bce"]) / tot["w"]
+    loss = ce_w * tot["ce"] / tot["w_ce"] + (l1_w * tot["l1"] + conf_w * tot["bce"]) / tot["w"]
+    n_slots = sum(len(v) for v in cstars.values())
     metrics = {
+        "out_of_vocab_labels": oov / n_slots,
         "tau_probabilistic": sum(taus) / len(taus),
         "blocks": float(len(taus)),
         "supervised_tokens": float(sum(len(v) for v in cstars.values())),
@@ -99,24 +148,33 @@ def reference(draft, target, batch, ce_w=0.1, l1_w=0.9, conf_w=1.0, decay=4.0):
 
 
 CASES = [
-    ("qwen3", {}),
-    ("llama", {"markov_head_type": "rnn"}),
-    ("qwen2", {"markov_head_type": "gated", "confidence_head_with_markov": False}),
-    ("qwen3", DFLASH_CONFIG_OVERRIDES),
+    ("qwen3", {}, False),
+    ("llama", {"markov_head_type": "rnn"}, False),
+    ("qwen2", {"markov_head_type": "gated", "confidence_head_with_markov": False}, False),
+    ("qwen3", DFLASH_CONFIG_OVERRIDES, False),
+    ("qwen3", {}, True),  # reduced draft vocabulary
+    ("llama", {"markov_head_type": "rnn", "enable_confidence_head": False}, True),
 ]
 
 
-@pytest.mark.parametrize("arch_, over", CASES)
-def test_loss_matches_plain_reference(tiny_target, arch_, over):
+@pytest.mark.parametrize("arch_, over, reduced", CASES)
+def test_loss_matches_plain_reference(tiny_target, arch_, over, reduced):
     target, tok = tiny_target(arch_)
     draft = make_draft(target, tok, **over)
-    name = "dflash" if over is DFLASH_CONFIG_OVERRIDES else "dspark"
-    obj = build_objective(name, target, draft.config, num_anchors=64)
     batch = make_batch()
+    kept = kept_ids_for(target, batch) if reduced else None
+    if reduced:
+        reduce_vocab(draft, kept)
+    name = "dflash" if over is DFLASH_CONFIG_OVERRIDES else "dspark"
+    # chunks of 16 slots: several chunks, recomputed in backward
+    obj = build_objective(name, target, draft.config, num_anchors=64, chunk_slots=16)
     loss, metrics = obj.step(draft, batch, LocalReducer())
     params = [p for p in draft.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, params)
-    ref_loss, ref_metrics = reference(draft, target, batch)
+    ref_loss, ref_metrics = reference(draft, target, batch, kept=kept)
+    if reduced:  # the reduced case exercises both kinds of label and some greedy matches
+        assert 0.1 < ref_metrics["out_of_vocab_labels"] < 0.9
+        assert ref_metrics["tau_greedy"] > 1.0
     ref_grads = torch.autograd.grad(ref_loss, params)
     torch.testing.assert_close(loss, ref_loss.float(), rtol=1e-5, atol=1e-6)
     for g, rg in zip(grads, ref_grads):
