@@ -230,9 +230,9 @@ def export_draft(
         draft = merged_copy(draft)
     config = draft.config
 
-    from dspark.export.vocab import kept_ids
+    from dspark.export.vocab import export_kept_ids
 
-    kept = kept_ids(draft_vocab, int(config.vocab_size))
+    kept = export_kept_ids(draft, draft_vocab)  # the draft's own ids when it is reduced
     K = None if kept is None else int(kept.numel())
 
     if fmt == "gguf":  # llama.cpp's own refusals replace vLLM's (dspark.export.gguf)

@@ -142,54 +142,26 @@ def _rope(config) -> dict:
 
 
 def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
-    """(config, float32 state with `d2t` offsets when reduced) of a model or a draft dir."""
+    """(config, float32 state with `d2t` offsets when reduced) of a model or a draft dir of
+    any layout; a draft that is already reduced keeps its own rows and d2t (`draft_vocab` may
+    only repeat its ids)."""
     from dspark.export.layouts import export_state
+    from dspark.export.vocab import export_kept_ids
 
     if isinstance(draft, torch.nn.Module):
         model = draft
     else:
-        from dspark.export.load import layout_of, load_draft, read_json
+        from dspark.export.load import load_draft
 
-        path = Path(draft).expanduser()
-        layout_of(path)  # a directory of a known layout, or the error naming the file
-        raw = read_json(path / "config.json")
-        vocab = (raw.get("transformer_layer_config") or raw).get("vocab_size")
-        if raw.get("draft_vocab_size") and vocab and int(raw["draft_vocab_size"]) < int(vocab):
-            return _read_reduced_dir(path, raw, draft_vocab)
-        model = load_draft(path)
+        model = load_draft(Path(draft).expanduser())  # names the file of a bad directory
     from dspark.training.lora import has_lora, merged_copy
 
     if has_lora(model):  # LoRA-fine-tuned in memory: the merged weights
         model = merged_copy(model)
     config: Any = model.config
-    from dspark.export.vocab import kept_ids
-
-    kept = kept_ids(draft_vocab, int(config.vocab_size))
+    kept = export_kept_ids(model, draft_vocab)
     state = export_state(model, torch.float32, kept)
     state.pop("t2d", None)  # llama.cpp maps draft -> target ids only
-    return config, state
-
-
-def _read_reduced_dir(path: Path, raw: dict, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
-    """A reduced-vocabulary export (dspark or speculators layout) read as written."""
-    from dspark.config import DSparkConfig
-    from dspark.export.layouts import dspark_kwargs_from_speculators
-    from dspark.export.load import _read_weights
-    from dspark.export.vocab import ids_from_d2t
-
-    if draft_vocab is not None:
-        raise BadInputError(f"{path} already has a reduced draft vocabulary; drop draft_vocab")
-    if "speculators_model_type" in raw:
-        config = DSparkConfig(**dspark_kwargs_from_speculators(raw, str(path / "config.json")))
-    elif "target_layer_ids" in raw:
-        config = DSparkConfig.from_pretrained(path)
-    else:
-        raise BadInputError(f"{path}: re-export the draft (deepspec or speculators layout)")
-    state = {k: v.float() if v.is_floating_point() else v for k, v in _read_weights(path).items()}
-    if "d2t" not in state:
-        raise BadInputError(f"{path} declares draft_vocab_size but holds no d2t")
-    ids_from_d2t(state["d2t"], int(config.vocab_size), source=f"{path}: d2t")
-    state.pop("t2d", None)
     return config, state
 
 

@@ -153,6 +153,8 @@ def dspark_kwargs_from_speculators(raw: dict[str, Any], source: str) -> dict[str
         ),
         target_model_type=family,
         target_name_or_path=verifier.get("name_or_path"),
+        # K == vocab_size (what a full draft's export writes) normalises to None
+        draft_vocab_size=raw.get("draft_vocab_size"),
     )
     return kw
 
@@ -161,9 +163,16 @@ def export_state(
     draft, dtype: torch.dtype, kept_ids: torch.Tensor | None
 ) -> dict[str, torch.Tensor]:
     """The draft's tensors in `dtype` (`d2t` int64 and `t2d` bool when `kept_ids` reduces the
-    vocabulary: `lm_head` and `markov_w2` keep those rows only)."""
+    vocabulary: `lm_head` and `markov_w2` keep those rows only). A draft that is already
+    reduced holds its K rows and maps: `kept_ids` must then be its own (`export_kept_ids`)."""
     state = {k: v.detach().to("cpu") for k, v in draft.state_dict().items()}
-    if kept_ids is not None:
+    if "d2t" in state:  # reduced in the model itself: its rows and maps are the export's
+        from dspark.export.vocab import ids_from_d2t
+
+        own = ids_from_d2t(state["d2t"], int(draft.config.vocab_size))
+        if kept_ids is not None and not torch.equal(torch.as_tensor(kept_ids).cpu(), own):
+            raise BadInputError("kept_ids differ from the reduced draft's own d2t")
+    elif kept_ids is not None:
         from dspark.export.vocab import mapping_from_ids
 
         V = int(draft.config.vocab_size)

@@ -8,8 +8,9 @@ Layouts, told apart by config.json:
   target_layer_ids} (flattened here);
 - speculators: `speculators_model_type: dspark` (`aux_hidden_state_layer_ids` - 1 are the
   decoder-layer ids).
-A reduced draft vocabulary (`d2t`) cannot run in dspark's decoder, which proposes over the
-full target vocabulary: such a directory is refused with that reason.
+A reduced draft vocabulary (`draft_vocab_size` K < vocab_size) loads as a reduced
+`DSparkDraftModel`: K rows of `lm_head` / `markov_w2` and its `d2t` / `t2d` buffers, checked
+against each other (`DSparkDraftModel.check_vocab_maps`).
 
 A directory that is not a readable draft (no or cut-off config.json, missing or damaged
 weights, weights of another shape) is a `UserError` naming the file, not a traceback.
@@ -117,14 +118,6 @@ def load_draft(
     path = Path(path).expanduser()
     layout = layout_of(path)
     raw = read_json(path / "config.json")
-    reduced = raw.get("draft_vocab_size")
-    vocab = (raw.get("transformer_layer_config") or raw).get("vocab_size")
-    if reduced is not None and vocab is not None and int(reduced) < int(vocab):
-        raise BadInputError(
-            f"{path} has a reduced draft vocabulary ({reduced} of {vocab} tokens, d2t): dspark's "
-            "decoder proposes over the full target vocabulary. Load the full-vocabulary draft "
-            "it was exported from (export without draft_vocab)."
-        )
     if layout == "dspark":
         try:
             model = DSparkDraftModel.from_pretrained(path, dtype=dtype)
@@ -155,10 +148,11 @@ def load_draft(
         except (TypeError, ValueError) as e:
             raise BadInputError(f"{path / 'config.json'}: {e}") from None
         model = DSparkDraftModel(config)
+        # d2t / t2d stay: a reduced draft holds them as buffers (a full one has none)
         state = {
             k: v
             for k, v in _read_weights(path).items()
-            if k not in ("d2t", "t2d", "verifier_lm_head.weight", "verifier_norm.weight")
+            if k not in ("verifier_lm_head.weight", "verifier_norm.weight")
         }
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
@@ -172,6 +166,7 @@ def load_draft(
                 f"{path}/model.safetensors does not match the draft its config describes: "
                 f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}"
             )
+        model.check_vocab_maps()
         # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
         model.to(dtype)  # type: ignore[arg-type]
     model.freeze_target_copies()

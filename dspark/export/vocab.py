@@ -19,7 +19,7 @@ import torch
 from dspark.errors import BadInputError, MissingPathError
 from dspark.modeling.vocab_map import ids_from_d2t, mapping_from_ids
 
-__all__ = ["ids_from_d2t", "kept_ids", "mapping_from_ids", "read_vocab_file"]
+__all__ = ["export_kept_ids", "ids_from_d2t", "kept_ids", "mapping_from_ids", "read_vocab_file"]
 
 
 def read_vocab_file(path: str | os.PathLike, vocab_size: int) -> torch.Tensor:
@@ -80,3 +80,24 @@ def kept_ids(draft_vocab, vocab_size: int) -> torch.Tensor | None:
         return read_vocab_file(draft_vocab, vocab_size)
     mapping_from_ids(draft_vocab, vocab_size)  # validates: in range, no duplicates
     return torch.unique(torch.as_tensor(draft_vocab, dtype=torch.long))
+
+
+def export_kept_ids(draft, draft_vocab) -> torch.Tensor | None:
+    """The sorted target ids an export of `draft` keeps (None: the full vocabulary).
+
+    A draft that is already reduced (`config.draft_vocab_size`) exports its own ids; a
+    `draft_vocab` given with it must name exactly those ids (an export cannot restore rows
+    the draft no longer has, and a different map would score the wrong tokens)."""
+    V = int(draft.config.vocab_size)
+    asked = kept_ids(draft_vocab, V)
+    own = getattr(draft, "kept_target_ids", None)
+    if own is None:
+        return asked
+    own = own.detach().cpu()
+    if asked is not None and not torch.equal(asked, own):
+        raise BadInputError(
+            f"the draft already has a reduced vocabulary of {own.numel()} tokens, and "
+            f"draft_vocab names other ids ({asked.numel()} tokens): drop --draft-vocab to export "
+            "the draft's own, or export the full-vocabulary draft it was trained from"
+        )
+    return own

@@ -195,10 +195,20 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> DSparkDraftModel:
-        model = super().from_pretrained(*args, **kwargs)
+        want_info = bool(kwargs.pop("output_loading_info", False))
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        lost = sorted({"d2t", "t2d"} & set(info.get("missing_keys") or ()))
+        if lost:  # transformers only warns; the placeholder maps would score the wrong tokens
+            from dspark.errors import BadInputError
+
+            raise BadInputError(
+                f"{args[0] if args else 'the checkpoint'}: config.json declares a reduced draft "
+                f"vocabulary (draft_vocab_size={model.config.draft_vocab_size}) but the weights "
+                f"hold no {' / '.join(lost)}; re-save or re-export the draft with its maps"
+            )
         model.freeze_target_copies()
         model.check_vocab_maps()
-        return model
+        return (model, info) if want_info else model  # type: ignore[return-value]
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
         from dspark.training.lora import has_lora, merged_copy
