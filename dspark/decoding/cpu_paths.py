@@ -5,6 +5,9 @@
 - `GreedyPruner`: the T = 0 Markov step that multiplies only the rows of `markov_w2` whose
   logit can still be the argmax (Cauchy-Schwarz bound).
 
+Both work on whatever rows the draft's heads have: V, or K for a reduced draft vocabulary
+(draft_vocab.py), whose logits and argmax are then over draft ids (the caller maps them).
+
 `SpeculativeDecoder(..., cpu_fast_paths=False)` (passed on to `TargetRunner` and `propose`)
 turns both off; on (the default) they apply only where their conditions hold (a CPU tensor;
 T = 0 and the reference Markov `step` for the pruner), so other devices run the plain path
@@ -47,7 +50,9 @@ class GreedyPruner:
     of W2 are multiplied (the full 49152 x 256 GEMV otherwise dominates the serial loop on a
     CPU). Falls back to the full product when the bound prunes little. Used only for heads that
     keep the reference `step`; any other head goes through its own `step`.
-    `step(u_k, h_k, prev, state) -> (token [B], feat [B, r], new_state)`, feat = W1[prev].
+    `step(u_k, h_k, prev, state) -> (token [B], feat [B, r], new_state)`, feat = W1[prev];
+    `u_k [B, K]` and the returned token are over the head's K rows (draft ids; K = V for a full
+    vocabulary), `prev [B]` is a target id (W1 keeps all V rows).
     """
 
     _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,8 +1,9 @@
 """`SpeculativeDecoder`: DSpark speculative decoding and the plain AR baseline, one code path.
 
-Per round (see docs/dspark-method.md sections 1 and 3):
+Per round (see docs/method.md sections 1 and 3):
 1. draft: one `block_hidden` pass for [anchor, mask x (gamma-1)] over the static context
-   cache, then the serial Markov loop samples x_1..x_gamma and their q (draft_step.py);
+   cache, then the serial Markov loop samples x_1..x_gamma and their q (draft_step.py); a
+   reduced draft vocabulary (draft_vocab.py) samples over its K ids and proposes target ids;
 2. optional confidence threshold picks how many drafts each request verifies;
 3. target: one KV-cached pass over [anchor, x_1..x_L] (target_step.py), lossless acceptance
    (verify.py);
@@ -36,10 +37,11 @@ The draft's STS temperatures (`confidence_temperatures` in its config) calibrate
 The verify pass runs the longest verify length (rows with shorter ones ignore the extra
 drafts).
 `compile=True` wraps the target's layer loop in `torch.compile(dynamic=True)` (checked on
-CPU with a tiny target: ~2 min first compile, identical output; meant for GPUs).
-Measured on a shared 2-core CPU with SmolLM2-135M (fp32, 1 thread): the AR baseline here
-runs at HF `generate` speed (~16.7 tok/s both); one default draft round (5 layers, gamma 7,
-rank 256, random init) takes ~30 ms at T=0, an 8-token verify ~90 ms, a 1-token step ~54 ms.
+CPU with a tiny target: identical output; the first compile takes minutes, so it is meant for
+GPUs). The AR baseline runs the same target forward, cache and masks as the verify pass, so
+it runs at HF `generate` speed and speed-ups compare like with like. A round pays when the
+tokens it commits outweigh its cost, a draft round plus a verify pass over 1 + L tokens,
+against one 1-token step per token (eval/cost_model.py measures both on a device).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from dspark.decoding.draft_gate import (
     DraftGate,
 )
 from dspark.decoding.draft_step import DraftProposal, propose, verify_lengths
+from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.live_batch import LiveBatch
 from dspark.decoding.observer import DecodeObserver
 from dspark.decoding.output import GenerationOutput
@@ -140,6 +143,8 @@ class SpeculativeDecoder:
         self.cpu_fast_paths = cpu_fast_paths
         self.runner = TargetRunner(target, taps, cpu_fast_paths=cpu_fast_paths)
         self.device = next(target.parameters()).device
+        # a reduced draft vocabulary's kept target ids (None: the draft scores all V)
+        self.draft_vocab = DraftVocab.of(draft, self.device) if draft is not None else None
         temps = getattr(draft.config, "confidence_temperatures", None) if draft else None
         self.confidence_temperatures = (
             torch.tensor(temps, dtype=torch.float32, device=self.device)
@@ -339,6 +344,7 @@ class SpeculativeDecoder:
                     generator=gen,
                     confidence_temperatures=self.confidence_temperatures,
                     cpu_fast_paths=self.cpu_fast_paths,
+                    vocab=self.draft_vocab,
                 )
                 # drafts to verify: the policy (draft-only, so lossless) and the budget
                 vlen, vlen_host = self._verify_lengths(prop, cap, live)
@@ -356,7 +362,7 @@ class SpeculativeDecoder:
             else:
                 p = warp(logits, self.temperature, self.top_k, self.top_p)
                 q = prop.q[:, :n_ver] if prop.q is not None else p[:, :0]
-                n_acc, nxt = verify_sampled(drafts, q, p, vlen, gen)
+                n_acc, nxt = verify_sampled(drafts, q, p, vlen, gen, q_vocab=prop.vocab)
             ctx.write(self.draft.context_kv(self.draft.encode_context(taps), pos), pos, start)
             # the one host sync of the round: accept counts, next tokens, drafts
             host = torch.cat([n_acc[:, None], nxt[:, None], drafts], dim=1).tolist()
