@@ -1,9 +1,12 @@
 """Whether to run the draft at all this round: the scheduler's draft gate (pure host math).
 
 At high load a verify pass is compute-bound, so every verified draft costs nearly a full token
-of target work, and the draft's own round (its lm_head over the vocabulary for R x gamma slots)
-costs about one AR step at R = 64 on a CPU. The scheduler then verifies zero drafts everywhere
-and the draft round is pure loss. The gate decides before each round whether to draft:
+of target work, and the draft's own round (its lm_head over the draft vocabulary for R x gamma
+slots: V rows, or K for a reduced one) costs about one AR step at R = 64 on a CPU with the full
+vocabulary. The scheduler then verifies zero drafts everywhere and the draft round is pure
+loss. The round's price is the profile's `draft_time(R)`, measured with the draft as it is
+(so with its K rows; sps.py keeps a reduced draft's profile apart) or a `Roofline` sized by
+`sps.draft_weight_bytes`. The gate decides before each round whether to draft:
 
 - It keeps an exponential average of the survival curve of drafted rounds (mean over
   requests; the prior) and corrects it by what verification realized: per depth, drafts

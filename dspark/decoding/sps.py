@@ -7,7 +7,10 @@ i.e. the price of B verify tokens spread over R requests. A measured profile als
 draft's round time `t_draft(rows)` (the simulator's other half).
 
 Profiles are cached per device, target and dtype under `$DSPARK_CACHE/sps/` (JSON, atomic
-writes); `eval/profile_sps.py` profiles and plots one. Measured step = target forward with the
+writes), and per draft vocabulary size when the draft's is reduced (its round scores K rows,
+not V, so a full draft's round times would overprice it); `eval/profile_sps.py` profiles and
+plots one. `draft_weight_bytes(draft)` sizes the weights one draft round reads, for a
+`Roofline`. Measured step = target forward with the
 tapped features and logits of every position, the argmax the verifier takes, and the draft's
 `context_kv` of the new features: what one verify round costs besides drafting and host
 bookkeeping.
@@ -174,10 +177,19 @@ def device_name(device: torch.device) -> str:
     return f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.get_num_threads()}threads"
 
 
-def cache_path(target_name: str, device: torch.device, dtype: torch.dtype, gamma: int) -> Path:
+def cache_path(
+    target_name: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    gamma: int,
+    draft_vocab_size: int | None = None,
+) -> Path:
+    """The profile's cache file; `draft_vocab_size`: K of a reduced draft (None: full V)."""
     from dspark.target.loading import cache_root
 
     key = f"{device_name(device)}__{Path(str(target_name)).name}__{dtype}__g{gamma}"
+    if draft_vocab_size is not None:
+        key += f"__dv{int(draft_vocab_size)}"
     return cache_root() / "sps" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", key) + ".json")
 
 
@@ -265,11 +277,34 @@ def measure(
         "threads": torch.get_num_threads(),
         "context_len": context_len,
         "gamma": gamma,
+        "draft_vocab_size": _draft_vocab_size(draft),
         "reps": reps,
         "torch": torch.__version__,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return SPSProfile(rows, widths, times, draft_times or None, meta)
+
+
+def _draft_vocab_size(draft) -> int | None:
+    """K of a reduced draft vocabulary (None: full, or no draft)."""
+    from dspark.decoding.draft_vocab import DraftVocab
+
+    vocab = DraftVocab.of(draft) if draft is not None else None
+    return vocab.size if vocab is not None else None
+
+
+def draft_weight_bytes(draft) -> int:
+    """Bytes of the weights one draft round streams through matmuls: every parameter except
+    the embedding tables (`embed_tokens`, the Markov `markov_w1`), which a round only gathers
+    a few rows of. A reduced draft vocabulary counts its K rows of `lm_head` and `markov_w2`.
+    `Roofline(draft_weight_bytes=...)` takes it (flops = 2 x these params x tokens)."""
+    gathered = {
+        id(p)
+        for m in draft.modules()
+        if isinstance(m, torch.nn.Embedding)
+        for p in m.parameters(recurse=False)
+    }
+    return sum(p.numel() * p.element_size() for p in draft.parameters() if id(p) not in gathered)
 
 
 def _verify_step(runner, draft, ids, pos, cache, ctx_cache, kv_len: int, start: int) -> None:
@@ -295,9 +330,12 @@ def load_or_measure(
     target, draft=None, *, gamma: int, refresh: bool = False, **kwargs
 ) -> SPSProfile:
     """The cached profile for this device, target, dtype and gamma, measured on first use."""
+    from dspark.decoding.draft_vocab import DraftVocab
+
     param = next(target.parameters())
     name = getattr(target.config, "_name_or_path", "") or target.config.model_type
-    path = cache_path(name, param.device, param.dtype, gamma)
+    vocab = DraftVocab.of(draft) if draft is not None else None
+    path = cache_path(name, param.device, param.dtype, gamma, vocab.size if vocab else None)
     if path.exists() and not refresh:
         prof = SPSProfile.load(path)
         if draft is None or prof.draft_times:
