@@ -372,3 +372,21 @@ def test_draft_round_cost_counts_k_rows(tiny_target):
     cpu = torch.device("cpu")
     assert cache_path("t", cpu, torch.float32, 4) != cache_path("t", cpu, torch.float32, 4, 40)
     assert cache_path("t", cpu, torch.float32, 4, None) == cache_path("t", cpu, torch.float32, 4)
+
+
+def test_a_reduced_drafts_measured_profile_has_its_own_cache_file(tiny_target):
+    """`load_or_measure` times the reduced draft's own round (propose over K ids) and files it
+    under the K key, so a full draft's cached round times never price it."""
+    from dspark.decoding import sps as sps_module
+
+    model, tok = tiny_target("qwen3")
+    full, red = real_drafts(model, tok, 40, block_size=3)
+    kw = {"rows": [1, 2], "widths": [1, 4], "context_len": 8, "reps": 1}
+    prof = sps_module.load_or_measure(model, red, gamma=3, **kw)
+    assert prof.meta["draft_vocab_size"] == 40 and len(prof.draft_times) == 2
+    name, cpu = model.config._name_or_path, torch.device("cpu")
+    path = sps_module.cache_path(name, cpu, torch.float32, 3, 40)
+    assert prof.meta["cache_path"] == str(path) and path.exists()
+    full_prof = sps_module.load_or_measure(model, full, gamma=3, **kw)
+    assert full_prof.meta["cache_path"] == str(sps_module.cache_path(name, cpu, torch.float32, 3))
+    assert full_prof.meta.get("draft_vocab_size") is None
