@@ -19,6 +19,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -133,10 +134,11 @@ def measure_one(
 
     with torch.inference_mode():
         out: dict = {"t_ar": _median(lambda: target_pass(1, False)[0].argmax(-1), repeats, dev)}
-        out["t_verify"] = {
-            int(n): _median(lambda n=n: target_pass(n, bool(taps))[0].argmax(-1), repeats, dev)
-            for n in tokens
-        }
+        out["t_verify"] = {}
+        for n in tokens:  # [B, n] tokens a pass, tapped as a verify / capture pass is
+            out["t_verify"][int(n)] = _median(
+                partial(lambda k: target_pass(k, bool(taps))[0].argmax(-1), int(n)), repeats, dev
+            )
         out["t_draft"] = None
         if draft is not None:
             ctx = DraftContextCache(batch, max_len)

@@ -87,8 +87,9 @@ def test_avx2_epyc_batched_fp32_single_row_bf16():
 
 def test_the_three_cpus_decide_differently():
     amx = choose_dtype(AMX_XEON, "plain")["dtype"], best_verify_length(AMX_XEON["bfloat16"], ACCEPT)
-    epyc = choose_dtype(AVX512_EPYC, "plain")["dtype"], best_verify_length(
-        AVX512_EPYC["bfloat16"], ACCEPT
+    epyc = (
+        choose_dtype(AVX512_EPYC, "plain")["dtype"],
+        best_verify_length(AVX512_EPYC["bfloat16"], ACCEPT),
     )
     avx2 = choose_dtype(AVX2_EPYC_B32, "plain")["dtype"]
     assert (amx[0], amx[1]["L"]) == ("float32", 3)

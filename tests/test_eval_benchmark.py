@@ -165,3 +165,76 @@ def test_missing_draft_fails_clearly(tmp_path):
         cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode != 0 and "pass draft=PATH" in proc.stderr
+
+
+def test_auto_dtype_verify_length_and_fastest_plain(tiny_target, tmp_path, bench_dir):
+    from dspark.dtype_choice import best_verify_length, choose_dtype
+    from dspark.eval.runner import run
+
+    draft = _draft(tiny_target, tmp_path / "run" / "draft")
+    accept = [0.6, 0.3, 0.2]  # the training run's held-out eval, beside its draft
+    final = {f"eval/greedy_accept@{k + 1}": a for k, a in enumerate(accept)}
+    (tmp_path / "run" / "results.json").write_text(json.dumps({"final_eval": final}))
+    cfg = _compose([f"draft={draft}", "datasets=[tiny]", f"bench_dir={bench_dir}",
+                    "max_new_tokens=8", "baselines.run=[]", "plots=false", "warmup=0",
+                    "dtype=auto", "verify_length=auto", "baseline_dtypes=[float32,bfloat16]",
+                    "probe_repeats=1", "num_threads=1"])  # fmt: skip
+    res, report = run(cfg, tmp_path / "out")
+    auto = res["auto_settings"]
+    assert auto["acceptance"]["accept"] == accept
+    d = auto["dtype"]
+    measured = d["measured"]
+    assert set(measured) == {"float32", "bfloat16"}
+    # the decision is the pure function of what was measured, and the run used it
+    assert d["dtype"] == choose_dtype(measured, "speculative", accept, 3)["dtype"]
+    assert res["conditions"]["dtype"] == d["dtype"] == res["conditions"]["draft_dtype"]
+    assert res["conditions"]["dtype_requested"] == "auto"
+    L = best_verify_length(measured[d["dtype"]], accept)["L"]
+    assert auto["verify_length"]["chosen"] == res["conditions"]["verify_length"] == L
+    assert len(auto["verify_length"]["curve"]) == 3
+    rounds = [json.loads(line) for line in (tmp_path / "out" / "rounds.jsonl").open()]
+    assert max(v for r in rounds for v in r["verify_lengths"]) <= L
+    tiny = res["datasets"]["tiny"]
+    assert tiny["speed"]["greedy_match"] == 1.0  # the shorter verify length is lossless
+    f = tiny["speed"]["fastest_plain"]
+    plain = f["plain_by_dtype"]
+    assert set(plain) == {"float32", "bfloat16"}
+    assert f["fastest_plain_dtype"] == max(plain, key=plain.get)
+    spec = tiny["speed"]["speculative"]["tokens_per_s"]
+    assert f["speedup_vs_fastest_plain"] == pytest.approx(spec / max(plain.values()))
+    assert f["speedup_vs_same_dtype_plain"] == pytest.approx(tiny["speed"]["speedup"])
+    assert res["overall"]["fastest_plain"]["fastest_plain_dtype"] in plain
+    for text in ("## Against the fastest plain decoding", "## Measured choices",
+                 f"**Chosen dtype: {d['dtype']}**", f"**Verify length: {L}**"):  # fmt: skip
+        assert text in report
+
+
+def test_explicit_dtype_one_plain_dtype_and_full_block(tiny_target, tmp_path, bench_dir):
+    from dspark.eval.runner import run
+
+    draft = _draft(tiny_target, tmp_path / "draft")  # no training run beside it
+    cfg = _compose([f"draft={draft}", "datasets=[tiny]", f"bench_dir={bench_dir}",
+                    "max_new_tokens=5", "baselines.run=[]", "plots=false", "warmup=0",
+                    "num_prompts=1"])  # fmt: skip
+    res, report = run(cfg, tmp_path / "out")
+    auto = res["auto_settings"]
+    assert "dtype" not in auto and res["conditions"]["dtype"] == "float32"
+    assert auto["verify_length"]["chosen"] == 3 and "full block" in auto["verify_length"]["from"]
+    f = res["datasets"]["tiny"]["speed"]["fastest_plain"]
+    assert list(f["plain_by_dtype"]) == ["float32"] and f["fastest_plain_dtype"] == "float32"
+    assert f["speedup_vs_fastest_plain"] == f["speedup_vs_same_dtype_plain"]
+
+
+@pytest.mark.parametrize(
+    "override, fix",
+    [("verify_length=abc", "verify_length='abc' must be auto, full or an integer"),
+     ("baseline_dtypes=[fp8]", "baseline_dtypes=['fp8']"),
+     ("probe_repeats=0", "probe_repeats=0 must be >= 1")],
+)  # fmt: skip
+def test_bad_auto_settings_fail_clearly(override, fix):
+    from dspark.errors import BadInputError
+    from dspark.eval.config import check
+
+    with pytest.raises(BadInputError) as e:
+        check(_compose(["draft=x", "datasets=[embedded]", override]))
+    assert fix in str(e.value)

@@ -1,7 +1,7 @@
 """The benchmark's run config: the one place its keys and defaults live.
 
-`conf/benchmark.yaml` only names this schema; Hydra merges command-line overrides onto it
-and rejects keys it does not declare. `check_overrides` adds a "did you mean" to that;
+`conf/benchmark/benchmark.yaml` only names this schema; Hydra merges command-line overrides
+onto it and rejects keys it does not declare. `check_overrides` adds a "did you mean" to that;
 `check` refuses values the run cannot use (a count below 1, a policy or dataset that does not
 exist), before any model is loaded.
 """
@@ -70,8 +70,19 @@ class BenchmarkConfig:
     warmup: int = 1  # untimed warm-up calls per decoder before the first dataset
     seed: int = 0
     device: str = "auto"  # auto: cuda if available, else cpu
+    # the target's dtype; auto: a short probe (AR step, verify, draft round per dtype at this
+    # batch, cached per device and target: dspark/dtype_probe.py) picks the fastest speculative
+    # decoding; the report shows the figures and the choice
     dtype: str = "float32"
     draft_dtype: str | None = None  # null: the target's dtype; bfloat16 drafts faster on AMX CPUs
+    # plain decoding also timed in these dtypes (e.g. [float32,bfloat16]), so the report gives
+    # the speedup against the fastest plain decoding on this machine; []: the decoding dtype only
+    baseline_dtypes: list[str] = field(default_factory=list)
+    # drafts verified per round: auto (from the draft's held-out acceptance per position and
+    # this machine's measured verify-cost curve; the full block without them), full, or 1..gamma
+    verify_length: str = "auto"
+    probe_repeats: int = 5  # timed calls per figure of the dtype / verify-cost probe (medians)
+    probe_refresh: bool = False  # measure again instead of reading the cached probe
     num_threads: int | None = None  # torch CPU threads; null: torch's default
     compile: bool = False  # torch.compile dspark's target forward (both of its decoders)
     output_dir: str | None = None  # null: Hydra's run directory
@@ -151,6 +162,7 @@ def check(cfg) -> None:
     _at_least(cfg, "warmup", 0, "untimed warm-up calls per decoder, e.g. 1")
     _at_least(cfg, "top_k", 0, "0 disables the top-k filter")
     _at_least(cfg, "num_threads", 1, "a CPU thread count, or null for torch's default", True)
+    _at_least(cfg, "probe_repeats", 1, "timed calls per probe figure, e.g. 5")
     _at_least(cfg, "calibration.bins", 1, "the bins of the reliability diagram, e.g. 20")
     _at_least(cfg, "baselines.assistant_layers", 1, "or null for a quarter of the target's", True)
     _at_least(cfg, "baselines.num_assistant_tokens", 1, "or null for transformers' default", True)
@@ -176,6 +188,18 @@ def check(cfg) -> None:
     _one_of(cfg, "scheduler_batch", SCHEDULER_BATCHES)
     _one_of(cfg, "dtype", DTYPES)
     _one_of(cfg, "draft_dtype", DTYPES, optional=True)
+    bad = [d for d in cfg.baseline_dtypes if d not in DTYPES or d == "auto"]
+    if bad:
+        raise BadInputError(
+            f"baseline_dtypes={list(cfg.baseline_dtypes)}: {bad} not a dtype; use float32, "
+            "bfloat16 or float16, e.g. baseline_dtypes=[float32,bfloat16]"
+        )
+    if str(cfg.verify_length).strip().lower() not in ("auto", "full"):
+        if not str(cfg.verify_length).strip().isdigit() or int(cfg.verify_length) < 1:
+            raise BadInputError(
+                f"verify_length={cfg.verify_length!r} must be auto, full or an integer >= 1 "
+                "(at most the draft's block size), e.g. verify_length=auto"
+            )
     unknown = [b for b in cfg.baselines.run if b not in BASELINES]
     if unknown:
         raise BadInputError(

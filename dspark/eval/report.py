@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dspark.eval import auto_settings, fastest_plain
 from dspark.eval.cost_model import break_even_tau
 
 
@@ -244,6 +245,8 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
         rows,
     )
 
+    out += [""] + fastest_plain.report_lines(results)  # the speedup vs the fastest plain dtype
+    out += auto_settings.report_lines(results.get("auto_settings"))  # what the probe chose
     out += _monitoring(ds, base_cond, _where(c))
 
     if c["baselines"]:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from dspark.eval import baselines as hf
 from dspark.eval import calibration as cal
+from dspark.eval import fastest_plain as fp
 from dspark.eval.metrics import acceptance_stats, ratio, throughput
 from dspark.eval.prompts import load_dataset, render
 from dspark.machine import cpu_name
@@ -48,6 +49,7 @@ class DatasetRecord:
 
     name: str
     conversations: int = 0
+    dtype: str = ""  # the target's dtype in the speculative and `autoregressive` decoders
     prompt_tokens: list[int] = field(default_factory=list)
     accept_lengths: list[list[int]] = field(default_factory=list)
     verify_lengths: list[list[int]] = field(default_factory=list)
@@ -101,8 +103,11 @@ def _strip_eos(tokens: list[int], eos: list[int]) -> list[int]:
 class Bench:
     """Holds the loaded models and the run config; `dataset(name)` measures one prompt set."""
 
-    def __init__(self, cfg, target, tokenizer, decoder, block_size: int, assistant=None):
+    def __init__(
+        self, cfg, target, tokenizer, decoder, block_size: int, assistant=None, plain=None
+    ):
         self.cfg, self.target, self.tokenizer, self.decoder = cfg, target, tokenizer, decoder
+        self.plain = plain or {}  # dtype -> plain decoder over a target copy (fastest_plain.py)
         self.block_size = block_size
         self.assistant = assistant
         self.device = next(target.parameters()).device
@@ -121,8 +126,8 @@ class Bench:
         _sync(self.device)
         return out, time.perf_counter() - start
 
-    def _ours(self, method: str, prompts, seed: int, max_new_tokens: int):
-        fn = getattr(self.decoder, method)
+    def _ours(self, method: str, prompts, seed: int, max_new_tokens: int, decoder=None):
+        fn = getattr(decoder or self.decoder, method)
         return self._timed(
             lambda: fn(prompts, max_new_tokens=max_new_tokens, eos_token_id=self.eos_arg, seed=seed)
         )
@@ -143,6 +148,8 @@ class Bench:
         for i in range(self.cfg.warmup):
             self._ours("generate_autoregressive", [prompt], self.cfg.seed + i, n)
             self._ours("generate", [prompt], self.cfg.seed + i, n)
+            for dec in self.plain.values():
+                self._ours("generate_autoregressive", [prompt], self.cfg.seed + i, n, dec)
             for name in self.baselines:
                 self._hf(name, prompt, n)
 
@@ -150,7 +157,8 @@ class Bench:
     def dataset(self, name: str) -> DatasetRecord:
         cfg = self.cfg
         convs = load_dataset(name, cfg.bench_dir, cfg.num_prompts)
-        rec = DatasetRecord(name=name, conversations=len(convs))
+        own = fp.dtype_name(next(self.target.parameters()).dtype)
+        rec = DatasetRecord(name=name, conversations=len(convs), dtype=own)
         answers: list[list[str]] = [[] for _ in convs]
         stages = max(len(c) for c in convs) if (cfg.all_turns and convs) else 1
         total = sum(min(len(c), stages) for c in convs)
@@ -169,6 +177,11 @@ class Bench:
                 rec.timer("speculative").add(sum(len(s) for s in sp.sequences), t_sp)
                 rec.add_phases("autoregressive", ar)
                 rec.add_phases("speculative", sp)
+                for dt, dec in self.plain.items():  # the same chunk, plain, in another dtype
+                    other, t_o = self._ours(
+                        "generate_autoregressive", chunk, seed, cfg.max_new_tokens, dec
+                    )
+                    rec.timer(f"autoregressive_{dt}").add(sum(len(s) for s in other.sequences), t_o)
                 rec.prompt_tokens += [len(p) for p in chunk]
                 rec.accept_lengths += [list(a) for a in sp.accept_lengths]
                 rec.verify_lengths += [list(v) for v in sp.verify_lengths]
@@ -265,6 +278,7 @@ def summarize_dataset(rec: DatasetRecord, block_size: int, cfg, has_confidence: 
             "speedup": speedup,
             "decoder_efficiency": ratio(speedup, acc["tau"]),
             "tokens_per_round": ratio(sum(rec.spec_tokens), acc["rounds"]),
+            "fastest_plain": fp.summary(rec.timers, rec.dtype, sp["tokens_per_s"]),
             "greedy_match": (
                 sum(rec.matches) / len(rec.matches)
                 if cfg.temperature == 0 and rec.matches
@@ -341,7 +355,7 @@ def conditions(cfg, target_spec: str, draft, target, block_size: int, assistant_
             torch.cuda.get_device_name(param.device) if param.device.type == "cuda" else cpu_name()
         ),
         "dtype": str(param.dtype).replace("torch.", ""),
-        "draft_dtype": cfg.draft_dtype or str(param.dtype).replace("torch.", ""),
+        "draft_dtype": str(next(draft.parameters()).dtype).replace("torch.", ""),
         "cpu_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -361,7 +375,8 @@ def summarize(
 ) -> dict:
     datasets = {r.name: summarize_dataset(r, block_size, cfg, has_confidence) for r in records}
     taus = [d["acceptance"]["tau"] for d in datasets.values() if d["acceptance"]["tau"]]
-    pooled = {m: Timer() for m in ("autoregressive", "speculative")}
+    names = {m for r in records for m in r.timers if m.startswith(fp.PREFIX)}
+    pooled = {m: Timer() for m in ("autoregressive", "speculative", *sorted(names))}
     for r in records:
         for m in pooled:
             pooled[m].add(r.timer(m).tokens, r.timer(m).seconds)
@@ -372,6 +387,9 @@ def summarize(
     }
     overall["speedup"] = ratio(
         overall["speculative"]["tokens_per_s"], overall["autoregressive"]["tokens_per_s"]
+    )
+    overall["fastest_plain"] = fp.summary(
+        pooled, conds["dtype"], overall["speculative"]["tokens_per_s"]
     )
     results = {
         "version": RESULTS_VERSION,
@@ -456,7 +474,8 @@ def load_models(cfg):
     from dspark.target.loading import _as_dtype, load_target
 
     device = resolve_device(cfg.device)
-    dtype = _as_dtype(cfg.dtype)
+    # auto: loaded in fp32, then cast to the probe's choice (auto_settings.choose)
+    dtype = torch.float32 if cfg.dtype == "auto" else _as_dtype(cfg.dtype)
     # load_draft: a missing or damaged weights file is one error line naming it
     draft = load_draft(require_draft_dir(cfg.draft, "draft"))
     spec = cfg.target or getattr(draft.config, "target_name_or_path", None)
@@ -469,7 +488,7 @@ def load_models(cfg):
     # The draft may run in a cheaper dtype than the target (bf16 on AMX / tensor-core
     # hardware): verification by the target keeps decoding lossless whatever the draft proposes.
     wanted = getattr(cfg, "draft_dtype", None)  # the benchmark's key; other callers pass argparse
-    draft_dtype = _as_dtype(wanted) if wanted else next(target.parameters()).dtype
+    draft_dtype = _as_dtype(wanted) if wanted not in (None, "auto") else target.dtype
     draft.to(device=device, dtype=draft_dtype).eval().requires_grad_(False)
     return target, tokenizer, draft, spec
 
@@ -479,8 +498,9 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     import json
     from pathlib import Path
 
-    from dspark.decoding import SpeculativeDecoder
     from dspark.errors import BadInputError
+    from dspark.eval.auto_settings import choose as choose_settings
+    from dspark.eval.capped_decoder import CappedVerifyDecoder
     from dspark.eval.config import check
     from dspark.eval.plots import make_plots
     from dspark.eval.report import render_report
@@ -497,9 +517,11 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
             f"verify_policy={cfg.verify_policy} ranks drafts by confidence, but draft="
             f"{cfg.draft} has no confidence head; use verify_policy=full (or null)"
         )
-    decoder = SpeculativeDecoder(
+    auto = choose_settings(cfg, target, draft)  # dtype=auto casts both here
+    decoder = CappedVerifyDecoder(
         target,
         draft,
+        max_verify=auto["verify_length"]["chosen"],
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k,
@@ -515,14 +537,18 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     if "hf_assisted" in cfg.baselines.run:
         layers = cfg.baselines.assistant_layers or max(1, target.config.num_hidden_layers // 4)
         assistant = hf.truncated_self_draft(target, layers)
-    bench = Bench(cfg, target, tokenizer, decoder, block, assistant)
+    bench = Bench(cfg, target, tokenizer, decoder, block, assistant, fp.plain_decoders(cfg, target))
     first = load_dataset(cfg.datasets[0], cfg.bench_dir, 1)
     bench.warmup(render(tokenizer, first[0], [], cfg.system_prompt))
     torch.manual_seed(cfg.seed)
     records = [bench.dataset(name) for name in cfg.datasets]
     has_conf = getattr(draft, "confidence_head", None) is not None
     conds = conditions(cfg, spec, draft, target, block, layers)
+    conds["verify_length"] = auto["verify_length"]["chosen"]
+    conds["dtype_requested"] = cfg.dtype
+    conds["baseline_dtypes"] = [conds["dtype"], *bench.plain]
     results = summarize(records, block, cfg, has_conf, conds)
+    results["auto_settings"] = auto
     plots = make_plots(results, out) if cfg.plots else {}
     results["plots"] = plots
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
