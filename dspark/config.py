@@ -383,7 +383,7 @@ class DSparkConfig(PretrainedConfig):
             enable_confidence_head=bool(enable_confidence_head),
             confidence_head_with_markov=bool(confidence_head_with_markov),
             target_name_or_path=target_name_or_path,
-            draft_vocab_size=None if draft_vocab_size is None else int(draft_vocab_size),
+            draft_vocab_size=draft_vocab_size,  # checked as given: "6" or 2.5 is an error
             tie_word_embeddings=False,
             # Qwen3-style layers: projection biases only where a Qwen3 target has them.
             attention_bias=bool(src.get("attention_bias", False)) and family == "qwen3",

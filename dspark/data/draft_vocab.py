@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -46,20 +47,44 @@ def top_ids(counts: np.ndarray, k: int) -> np.ndarray:
     return np.sort(order[:k])
 
 
-def write_draft_vocab(data_dir: str | os.PathLike, k: int, vocab_size: int) -> Path:
-    """`<data_dir>/draft_vocab_<k>.json`: `{"ids": [...], "coverage": share, ...}`."""
-    counts = count_supervised(data_dir, vocab_size)
+def vocab_doc(counts: np.ndarray, k: int, sources: list[str], hashes: list[str]) -> dict:
+    """The file's contents for the top-`k` ids of `counts [V]` over the tokenized `sources`
+    (their `dataset_hash`es say which data the ids were counted on)."""
     total = int(counts.sum())
     if total == 0:
-        raise BadInputError(f"{data_dir} has no supervised tokens to count")
+        raise BadInputError(f"{', '.join(sources)} has no supervised tokens to count")
     ids = top_ids(counts, k)
-    doc = {
+    return {
         "format": "dspark-draft-vocab-v1",
         "size": int(k),
-        "vocab_size": int(vocab_size),
+        "vocab_size": int(counts.size),
         "coverage": float(counts[ids].sum() / total),
         "supervised_tokens": total,
         "seen_ids": int((counts > 0).sum()),
+        "sources": sources,
+        "data_hashes": hashes,
         "ids": [int(i) for i in ids],
     }
-    return write_text_atomic(Path(data_dir) / f"draft_vocab_{k}.json", json.dumps(doc) + "\n")
+
+
+def write_draft_vocab(
+    data_dir: str | os.PathLike | Sequence[str | os.PathLike],
+    k: int,
+    vocab_size: int,
+    out_path: str | os.PathLike | None = None,
+) -> Path:
+    """`<data_dir>/draft_vocab_<k>.json` (or `out_path`): `{"ids": [...], "coverage": share,
+    ...}`. Several tokenized sets (a list) are counted together; give them an `out_path` of
+    their own (default: beside the first)."""
+    from dspark.data.feature_cache import dataset_hash
+
+    if isinstance(data_dir, (list, tuple)):
+        dirs = [Path(d) for d in data_dir]
+    else:
+        dirs = [Path(data_dir)]  # type: ignore[arg-type]  # a str / PathLike here
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for d in dirs:
+        counts += count_supervised(d, vocab_size)
+    doc = vocab_doc(counts, k, [str(d) for d in dirs], [dataset_hash(d) for d in dirs])
+    out = Path(out_path) if out_path is not None else dirs[0] / f"draft_vocab_{k}.json"
+    return write_text_atomic(out, json.dumps(doc) + "\n")

@@ -86,6 +86,10 @@ def _kept_rows(config: DSparkConfig, kept_ids) -> torch.Tensor | None:
 
 class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
     config: DSparkConfig
+    # buffers of a reduced draft vocabulary only (absent on a full draft): `d2t [K]` long,
+    # `t2d [V]` bool
+    d2t: torch.Tensor
+    t2d: torch.Tensor
     config_class = DSparkConfig
     base_model_prefix = ""
     main_input_name = "input_ids"
@@ -196,7 +200,9 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
     @classmethod
     def from_pretrained(cls, *args: Any, **kwargs: Any) -> DSparkDraftModel:
         want_info = bool(kwargs.pop("output_loading_info", False))
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        loaded: Any = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model: DSparkDraftModel = loaded[0]
+        info: dict[str, Any] = loaded[1]
         lost = sorted({"d2t", "t2d"} & set(info.get("missing_keys") or ()))
         if lost:  # transformers only warns; the placeholder maps would score the wrong tokens
             from dspark.errors import BadInputError
@@ -208,7 +214,7 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
             )
         model.freeze_target_copies()
         model.check_vocab_maps()
-        return (model, info) if want_info else model  # type: ignore[return-value]
+        return (model, info) if want_info else model  # type: ignore[return-value]  # transformers' tuple form
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
         from dspark.training.lora import has_lora, merged_copy

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
@@ -20,12 +23,24 @@ CALIBRATION_TEXT = (
 )
 
 
-def build_draft(cfg, device: torch.device):
-    """The frozen target, its tokenizer, and the draft (fresh from the target, or `init_from`)."""
+def build_draft(
+    cfg,
+    device: torch.device,
+    *,
+    main_first: Callable[[], AbstractContextManager] | None = None,
+    is_main: bool = True,
+):
+    """The frozen target, its tokenizer, and the draft (fresh from the target, or `init_from`).
+
+    A fresh draft with `draft.vocab_size=K` needs `data.train` to count its vocabulary: the
+    set is regenerated first when it is missing (`regenerate_if_missing`, on the main process
+    only), and the vocabulary file is read or written inside `main_first()` (the loop passes
+    `accelerator.main_process_first`: the main process writes, the others then read)."""
     from dspark.modeling import DSparkDraftModel
 
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     d = cfg.draft
+    V = int(target.config.vocab_size)
     if d.init_from:
         from dspark.export import load_draft  # ours, DeepSpec's or speculators' layout
 
@@ -37,14 +52,25 @@ def build_draft(cfg, device: torch.device):
                 f"{target.config.hidden_size}"
             )
         draft.freeze_target_copies()
+        _check_init_vocab(cfg, draft, V)
     else:
+        from dspark.training.draft_vocab import choose_draft_vocab, requested_size
+
+        vocab = None
+        if requested_size(cfg, V) is not None:  # the range check before any data work
+            with (main_first or nullcontext)():
+                if is_main:
+                    regenerate_if_missing(cfg, target, tokenizer)
+                vocab = choose_draft_vocab(cfg, V)
         try:
-            config = _draft_config(cfg, target, tokenizer)
+            config = _draft_config(cfg, target, tokenizer, None if vocab is None else vocab.size)
         except ValueError as e:  # DSparkConfig's own checks on values the user chose
             raise BadInputError(
                 f"draft settings: {e} (the draft.* keys of the run config)"
             ) from None
-        draft = DSparkDraftModel.from_target(target, config)
+        draft = DSparkDraftModel.from_target(
+            target, config, kept_ids=None if vocab is None else vocab.ids
+        )
         if d.init == "target_layers":
             from dspark.modeling.warm_start import warm_start_from_target
 
@@ -59,7 +85,38 @@ def build_draft(cfg, device: torch.device):
     return target, tokenizer, draft.to(device)
 
 
-def _draft_config(cfg, target, tokenizer):
+def _check_init_vocab(cfg, draft, vocab_size: int) -> None:
+    """`draft.vocab_size` with `draft.init_from` must describe the draft that is loaded: its
+    vocabulary was fixed when it was trained."""
+    from dspark.training.draft_vocab import requested_size
+
+    asked = requested_size(cfg, vocab_size)
+    has = draft.config.draft_vocab_size
+    if getattr(cfg.draft, "vocab_size", None) is not None and asked != has:
+        raise BadInputError(
+            f"draft.vocab_size={cfg.draft.vocab_size} but draft.init_from={cfg.draft.init_from} "
+            f"scores {has or vocab_size} tokens: drop draft.vocab_size (a loaded draft keeps "
+            f"its vocabulary), or set draft.vocab_size={has}"
+        )
+
+
+def draft_vocab_record(cfg, draft) -> dict | None:
+    """What a run records about its draft's vocabulary (None: the full one): the file the
+    ids came from and their coverage of the supervised tokens, or the draft it was loaded
+    from."""
+    K = draft.config.draft_vocab_size
+    if K is None:
+        return None
+    if cfg.draft.init_from:
+        return {"size": int(K), "from": str(cfg.draft.init_from)}
+    from dspark.training.draft_vocab import vocab_path
+
+    path = vocab_path(cfg, int(K))
+    doc = json.loads(path.read_text())
+    return {"file": str(path), "size": int(K), "coverage": float(doc["coverage"])}
+
+
+def _draft_config(cfg, target, tokenizer, draft_vocab_size: int | None = None):
     """A fresh draft's model config from the run config's `draft.*` keys and the target."""
     from dspark.config import DSparkConfig, choose_mask_token_id
 
@@ -79,6 +136,7 @@ def _draft_config(cfg, target, tokenizer):
         enable_confidence_head=d.enable_confidence_head,
         confidence_head_with_markov=d.confidence_head_with_markov,
         target_name_or_path=cfg.target.name,
+        draft_vocab_size=draft_vocab_size,
     )
 
 
@@ -188,8 +246,6 @@ def check_tokenized_for(data_dir: Path, tokenizer, target_name: str) -> None:
     path = data_dir / MANIFEST
     if tokenizer is None or not path.is_file():
         return
-    import json
-
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:

@@ -24,6 +24,7 @@ from dspark.errors import UserError
 from dspark.training.build import (
     build_draft,
     build_objective_for,
+    draft_vocab_record,
     load_datasets,
     make_loader,
     regenerate_if_missing,
@@ -156,8 +157,13 @@ def run(cfg) -> dict:
     if cfg.target.shard:  # load on the host; fully_shard moves each rank's shard to its device
         check_shardable(cfg, accelerator.num_processes)
     load_on = torch.device("cpu") if cfg.target.shard else accelerator.device
-    target, tokenizer, draft = build_draft(cfg, load_on)
+    target, tokenizer, draft = build_draft(
+        cfg, load_on, main_first=accelerator.main_process_first, is_main=main
+    )
     draft.to(accelerator.device)
+    vocab = draft_vocab_record(cfg, draft)  # None: the full vocabulary
+    if vocab is not None:  # recorded, not compared on resume (draft.vocab_size is)
+        run_config["draft_vocab"] = vocab
     objective = build_objective_for(cfg, target, draft.config)
     with accelerator.main_process_first():
         if main:
@@ -319,6 +325,7 @@ def run(cfg) -> dict:
             "mixed_precision": mixed_precision,
             "packing": bool(cfg.data.packing),
             "block_size": cfg.draft.block_size,
+            "draft_vocab": vocab,
             "batch_per_device": cfg.data.batch_size,
             "grad_accum": t_cfg.gradient_accumulation_steps,
             "torch_threads": torch.get_num_threads(),

@@ -90,6 +90,19 @@ def _relative(path: Path, root: Path) -> str:
         return str(path)
 
 
+def _vocab_lines(vocab: dict | None) -> list[str]:
+    """A reduced draft vocabulary: its size and the share of supervised tokens it covers."""
+    if not vocab:
+        return []
+    if "file" not in vocab:
+        return ["", f"Draft vocabulary: {vocab['size']} tokens, from `{vocab.get('from')}`."]
+    return [
+        "",
+        f"Draft vocabulary: the {vocab['size']} most frequent supervised tokens "
+        f"(`{vocab['file']}`), covering {100 * vocab['coverage']:.2f}% of them.",
+    ]
+
+
 def write_report(out: Path, results: dict, run_config: dict) -> None:
     (out / "results.json").write_text(dumps_strict(results, indent=2, default=str))
     c = results["conditions"]
@@ -104,6 +117,7 @@ def write_report(out: Path, results: dict, run_config: dict) -> None:
         f"{'packed rows' if c.get('packing') else 'sequences'}/device/micro-step x "
         f"{c['grad_accum']} accumulation, torch threads {c['torch_threads']}, "
         f"data `{run_config['data']['train']}`.",
+        *_vocab_lines(c.get("draft_vocab")),
         "",
         f"Draft written to `{results['draft']}` after {results['steps']} optimizer steps.",
         "",

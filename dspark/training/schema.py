@@ -66,6 +66,9 @@ class DraftConfig:
     markov_head_type: str = DSparkConfig.markov_head_type  # one of MARKOV_HEAD_TYPES
     enable_confidence_head: bool = DSparkConfig.enable_confidence_head
     confidence_head_with_markov: bool = DSparkConfig.confidence_head_with_markov
+    # K < the target's vocabulary: the draft scores the K most frequent supervised tokens of
+    # data.train (draft_vocab_<K>.json, training/draft_vocab.py); null: all of them
+    vocab_size: int | None = DSparkConfig.draft_vocab_size
 
 
 @dataclass
@@ -219,6 +222,8 @@ _OPTIONAL_BOUNDS: dict[tuple[str, str], tuple[float, str]] = {
     ("trainer", "max_steps"): (1, "optimizer steps (null: from trainer.epochs)"),
     ("trainer", "threads"): (1, "torch CPU threads (null: torch's default)"),
     ("data", "prompts_limit"): (1, "prompts to regenerate (null: all)"),
+    # the upper bound, the target's vocabulary size, is checked when the target is loaded
+    ("draft", "vocab_size"): (1, "draft vocabulary tokens (null: the target's full vocabulary)"),
 }
 
 
