@@ -253,3 +253,70 @@ def test_export_cli_format_gguf(tiny_target, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         dspark.cli.export([str(src), str(out), "--format", "gguf", "--overwrite"])
     assert e.value.code == 0
+
+
+def test_reduced_model_exports_and_loads_back(tiny_target, tiny_target_dir, tmp_path):
+    """A draft reduced in the model itself (config.draft_vocab_size): its GGUF holds its own
+    rows and d2t, equals llama.cpp's converter on the same draft's speculators export, and
+    loads back through load_draft with identical weights, buffers and logits."""
+    from dspark.config import DSparkConfig, choose_mask_token_id
+    from dspark.export import load_draft
+    from dspark.export.reference import all_anchor_outputs
+    from dspark.modeling import DSparkDraftModel
+
+    target, tok = tiny_target("qwen3")
+    kept = [300, 3, 17, 42, 5, 250]
+    cfg = DSparkConfig.from_target_config(
+        target.config,
+        num_hidden_layers=2,
+        markov_rank=8,
+        block_size=4,
+        mask_token_id=choose_mask_token_id(tok, target.config.vocab_size),
+        target_name_or_path="tiny-qwen3",
+        draft_vocab_size=len(kept),
+    )
+    torch.manual_seed(0)
+    draft = DSparkDraftModel.from_target(target, cfg, kept_ids=kept)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn_like(p))
+    draft.eval()
+    out = export_draft(draft, tmp_path / "g", "gguf", gguf_outtype="f32")
+    _, tensors = read(out / "draft.gguf")
+    assert tensors["d2t"].data.tolist() == sorted(kept)
+    assert list(tensors["output.weight"].shape) == [64, 6]
+    back = load_draft(out)
+    assert back.config.draft_vocab_size == 6
+    want, got = draft.state_dict(), back.state_dict()
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    ids = tok("def add(a, b):\n    return a + b", return_tensors="pt")["input_ids"][:, :16]
+    a, b = all_anchor_outputs(draft, target, ids), all_anchor_outputs(back, target, ids)
+    assert torch.equal(a["logits"], b["logits"])
+    assert torch.equal(a["confidence_logits"], b["confidence_logits"])
+    with pytest.raises(BadInputError, match="already has a reduced vocabulary"):
+        write_gguf(draft, tmp_path / "x.gguf", target="tiny-qwen3", draft_vocab=[1, 2])
+    spec = export_draft(draft, tmp_path / "spec", "speculators", dtype="float32")
+    assert_same(out / "draft.gguf", write_gguf(spec, tmp_path / "s.gguf", outtype="f32"))
+    ref = reference_gguf(spec, tiny_target_dir("qwen3"), tmp_path / "ref.gguf", "f32")
+    assert_same(out / "draft.gguf", ref)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_full_gguf_loads_back(tiny_target, tmp_path, tied):
+    from dspark.export import load_draft
+
+    target, tok = tiny_target("qwen3")
+    draft = random_draft(target, tok, "qwen3")
+    if tied:
+        with torch.no_grad():
+            draft.lm_head.weight.copy_(draft.embed_tokens.weight)
+    path = write_gguf(draft, tmp_path / "d.gguf", target="tiny-qwen3", outtype="f32")
+    _, tensors = read(path)
+    assert ("output.weight" in tensors) is not tied
+    back = load_draft(path)
+    assert back.kept_target_ids is None
+    for k, v in draft.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k

@@ -7,7 +7,9 @@ Layouts, told apart by config.json:
 - DeepSpec / DFlash-style nesting: `block_size` at the top and `dflash_config` {mask_token_id,
   target_layer_ids} (flattened here);
 - speculators: `speculators_model_type: dspark` (`aux_hidden_state_layer_ids` - 1 are the
-  decoder-layer ids).
+  decoder-layer ids);
+- GGUF: a `draft.gguf` file, or a directory holding one and no config.json
+  (`dspark.export.gguf_load`).
 A reduced draft vocabulary (`draft_vocab_size` K < vocab_size) loads as a reduced
 `DSparkDraftModel`: K rows of `lm_head` / `markov_w2` and its `d2t` / `t2d` buffers, checked
 against each other (`DSparkDraftModel.check_vocab_maps`).
@@ -116,6 +118,14 @@ def load_draft(
     from dspark.modeling import DSparkDraftModel
 
     path = Path(path).expanduser()
+    gguf_file = path / "draft.gguf" if path.is_dir() else path
+    if gguf_file.suffix == ".gguf" and gguf_file.is_file() and not (path / "config.json").exists():
+        from dspark.export.gguf_load import load_gguf_draft  # `export --format gguf`'s file
+
+        model = load_gguf_draft(gguf_file)
+        model.to(dtype)  # type: ignore[arg-type]  # (transformers' `to`, as below)
+        model.freeze_target_copies()
+        return model.to(device).eval()  # type: ignore[arg-type]
     layout = layout_of(path)
     raw = read_json(path / "config.json")
     if layout == "dspark":
