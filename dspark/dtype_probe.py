@@ -259,3 +259,29 @@ def _dtype_name(name: str) -> str:
     from dspark.target.loading import _as_dtype
 
     return str(_as_dtype(name)).replace("torch.", "")
+
+
+def cast_to_fastest(
+    model, *, job: str, batch: int, out_dir: str | Path | None = None, **kwargs
+) -> dict:
+    """`choose` for a job without a draft (regeneration: `plain`; feature capture: `capture`),
+    then cast `model` to the chosen dtype in place. Prints one line with the figures and the
+    choice and, given `out_dir`, writes the whole decision to `out_dir/dtype_choice.json`."""
+    import sys
+
+    decision = choose(model, job=job, batch=batch, **kwargs)
+    model.to(getattr(torch, decision["dtype"]))
+    figures = ", ".join(
+        f"{d} {1e3 * c['cost_s']:.1f} ms ({c['from']})" for d, c in decision["costs"].items()
+    )
+    where = "cached" if decision["cached"] else "measured"
+    print(
+        f"dtype=auto: {decision['dtype']} for {job} at batch {batch} on "
+        f"{decision['conditions']['device']} ({where}: {figures}; {decision['cache_path']})",
+        file=sys.stderr,
+    )
+    if out_dir is not None:
+        path = Path(out_dir) / "dtype_choice.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(decision, indent=2) + "\n")
+    return decision

@@ -169,3 +169,38 @@ def test_draft_acceptance_from_the_training_run(tmp_path):
     assert parse_verify_length("auto", 3) == "auto" and parse_verify_length("2", 3) == 2
     with pytest.raises(BadInputError, match="verify_length"):
         parse_verify_length(9, 3)
+
+
+def test_regeneration_and_feature_capture_pick_a_measured_dtype(tmp_path, tiny_target_dir, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    from dspark.data.cli import regenerate_main
+    from dspark.dtype_choice import choose_dtype
+
+    tiny_target_dir("llama")
+    src = tmp_path / "in.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i}."}]} for i in range(3)]
+    src.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "regen"
+    args = ["--target", "tiny-llama", "--input", str(src), "--output", str(out), "--dtype",
+            "auto", "--batch-size", "2", "--max-new-tokens", "3", "--no-progress",
+            "--tokenize", "--max-length", "128", "--num-threads", "1"]  # fmt: skip
+    assert regenerate_main(args) == 0
+    choice = json.loads((out / "dtype_choice.json").read_text())
+    assert choice["job"] == "plain" and choice["conditions"]["batch"] == 2
+    assert choice["dtype"] == choose_dtype(choice["measured"], "plain")["dtype"]
+    assert f"dtype=auto: {choice['dtype']} for plain at batch 2" in capsys.readouterr().err
+
+    spec = importlib.util.spec_from_file_location(
+        "cache_features", Path(__file__).parents[1] / "data_scripts" / "cache_features.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cache = tmp_path / "features"
+    argv = ["--target", "tiny-llama", "--data", str(out / "tokenized"), "--output", str(cache),
+            "--target-dtype", "auto", "--batch-size", "2", "--num-threads", "1"]  # fmt: skip
+    assert mod.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "dtype=auto:" in err and "for capture at batch 2" in err
+    assert json.loads((cache / "manifest.json").read_text())["complete"]

@@ -116,7 +116,9 @@ def regenerate_main(argv=None) -> int:
         "--dtype",
         default=None,
         choices=TARGET_DTYPES,
-        help="float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)",
+        help="float32 | bfloat16 | float16 | auto (a short probe of the batched AR step in "
+        "float32 and bfloat16 picks the faster, cached per device; default: bfloat16 on GPU, "
+        "float32 on CPU)",
     )
     p.add_argument(
         "--num-threads",
@@ -218,7 +220,13 @@ def regenerate_main(argv=None) -> int:
         check_output(a.output, run_settings(prompts, sampling, settings_of(a, generator)))
         device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = a.dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
-        model, tokenizer = load_target(a.target, dtype=dtype, device=device)
+        # auto: loaded in fp32, then cast to the dtype whose batched AR step measured fastest
+        load_dtype = "float32" if dtype == "auto" else dtype
+        model, tokenizer = load_target(a.target, dtype=load_dtype, device=device)
+        if dtype == "auto":
+            from dspark.dtype_probe import cast_to_fastest
+
+            cast_to_fastest(model, job="plain", batch=batch, out_dir=a.output)
         backend = make_local_backend(
             a.backend, model, tokenizer, a.chat_template_kwargs, batch_size=batch
         )
