@@ -77,3 +77,18 @@ def one_thread():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def debug_data(tmp_path_factory, tiny_target_dir):
+    """Embedded prompts answered by the tiny target itself, tokenized (the debug recipe's data)."""
+    from helpers import debug_cfg
+
+    from dspark.target import load_target
+    from dspark.training.build import regenerate_if_missing
+
+    root = tmp_path_factory.mktemp("debug_data")
+    cfg = debug_cfg(root / "unused", root / "tokenized", "data.prompts_limit=24")
+    target, tok = load_target(cfg.target.name)
+    regenerate_if_missing(cfg, target, tok)
+    return root / "tokenized"

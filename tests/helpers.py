@@ -1,5 +1,8 @@
 """Small builders shared by test modules (fixtures live in conftest.py)."""
 
+import json
+from pathlib import Path
+
 import torch
 
 from dspark.config import DSparkConfig, choose_mask_token_id
@@ -17,3 +20,35 @@ def make_draft(target, tok, num_hidden_layers: int = 1, markov_rank: int = 8, **
     )
     torch.manual_seed(0)
     return DSparkDraftModel.from_target(target, cfg)
+
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_config(overrides, return_hydra_config: bool = True):
+    """The training run config for `overrides` (conf/ + recipes/), unchecked."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from dspark.training.schema import register_configs
+
+    GlobalHydra.instance().clear()
+    register_configs(CONF.parent / "recipes")
+    with initialize_config_dir(str(CONF), version_base=None):
+        return compose("config", overrides=overrides, return_hydra_config=return_hydra_config)
+
+
+def debug_cfg(tmp_path, data_dir, *overrides):
+    """The debug recipe writing to `tmp_path` and training on `data_dir`, checked."""
+    from dspark.training.schema import check
+
+    base = ["recipe=debug", f"trainer.output_dir={tmp_path}", f"data.train={data_dir}"]
+    cfg = compose_config([*base, *overrides], return_hydra_config=False)
+    check(cfg)
+    return cfg
+
+
+def losses(out_dir):
+    """{step: train/loss} of a run's metrics.jsonl."""
+    rows = [json.loads(x) for x in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}

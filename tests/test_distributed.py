@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_training import debug_data  # noqa: F401  (the shared module fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_DDP2 = ROOT / "conf" / "accelerate" / "cpu_ddp2.yaml"
@@ -36,7 +35,7 @@ def launch_env() -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, debug_data, tiny_target_dir):  # noqa: F811
+def two_ranks(tmp_path_factory, debug_data, tiny_target_dir):
     """The worker on 2 gloo ranks through conf/accelerate/cpu_ddp2.yaml, and the 1-process
     reference on the same global batch of 4 rows."""
     from ddp_worker import grads_on_rank_share
@@ -98,7 +97,7 @@ def test_the_loop_refuses_launches_that_are_not_what_they_look_like():
         check_launch(2, "MULTI_CPU", {"WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true"})
 
 
-def test_multi_gpu_launch_without_the_cpu_flag_is_refused_by_the_loop(tmp_path, debug_data):  # noqa: F811
+def test_multi_gpu_launch_without_the_cpu_flag_is_refused_by_the_loop(tmp_path, debug_data):
     """The CPU launch trap, end to end: `--multi_gpu --num_processes 2` on a CPU starts two
     processes of world size 1; the training loop stops both, naming the fix."""
     env = {k: v for k, v in launch_env().items() if k != "ACCELERATE_USE_CPU"}
@@ -160,9 +159,9 @@ def loop_overrides(out_dir, data_dir, batch_size: int) -> list[str]:
 
 
 def one_process_losses(out_dir, data_dir) -> dict:
+    from helpers import losses
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from test_training import losses
 
     from dspark.training.loop import run
     from dspark.training.schema import check, register_configs
@@ -198,7 +197,7 @@ def two_node_cmd(machine_rank: int, port: int, out_dir, data_dir, *extra: str) -
 
 
 def run_two_nodes(out_dir, data_dir, *extra: str) -> dict:
-    from test_training import losses
+    from helpers import losses
 
     port = free_port()
     nodes = [
@@ -221,7 +220,7 @@ def run_two_nodes(out_dir, data_dir, *extra: str) -> dict:
 
 
 @pytest.mark.slow
-def test_two_nodes_on_localhost_give_the_one_process_losses(tmp_path, debug_data):  # noqa: F811
+def test_two_nodes_on_localhost_give_the_one_process_losses(tmp_path, debug_data):
     """2 "machines" x 1 process (gloo, static rendezvous on 127.0.0.1), per-rank batch 5, give
     the losses of one process with batch 10 at every step; and so does the same 2-node run with
     the frozen target FSDP2-sharded through the training loop (`target.shard=true`)."""

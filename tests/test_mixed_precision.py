@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import compose_config
 
 from dspark.training.precision import cpu_bf16_support, cpu_flags, resolve_mixed_precision
 
@@ -31,22 +32,26 @@ def test_auto_picks_bf16_only_with_native_support(tmp_path, cpuinfo, flags, want
         assert resolve_mixed_precision(explicit, "cpu", path) == explicit
 
 
-def test_this_machine_reads_its_own_flags():
-    flags = cpu_flags()
-    native = bool(flags & {"avx512_bf16", "amx_bf16"})
-    if not torch.cuda.is_available():
-        assert resolve_mixed_precision("auto") == ("bf16" if native else "no")
+def test_auto_on_this_cpu_agrees_with_cpuid():
+    """This CPU's answer from another source than the one `auto` reads: CPUID through torch's
+    cpuinfo library (AVX-512-BF16 or AMX tiles), not the kernel's /proc/cpuinfo flags."""
+    probes = [
+        getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
+    if None in probes:
+        pytest.skip("this torch has no CPUID probes for bf16")
+    native = any(probe() for probe in probes)
+    assert resolve_mixed_precision("auto", "cpu") == ("bf16" if native else "no")
+    assert bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}) == native  # the two sources agree
 
 
 def test_schema_accepts_auto_and_quickstart_uses_it():
-    from test_run_config import _compose
-
     from dspark.training.schema import check
 
-    cfg = _compose(["recipe=quickstart"])
+    cfg = compose_config(["recipe=quickstart"])
     check(cfg)
     assert cfg.trainer.mixed_precision == "auto"
-    assert _compose(["data.train=x"]).trainer.mixed_precision == "no"  # the schema default
-    bad = _compose(["data.train=x", "trainer.mixed_precision=bf17"])
+    assert compose_config(["data.train=x"]).trainer.mixed_precision == "no"  # the schema default
+    bad = compose_config(["data.train=x", "trainer.mixed_precision=bf17"])
     with pytest.raises(ValueError, match="mixed_precision"):
         check(bad)

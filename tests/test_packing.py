@@ -298,7 +298,7 @@ def test_row_lengths_of_hf_dataset_views():
 def test_debug_run_trains_on_packed_rows(tmp_path):
     """`data.packing=true` end to end through the one loop: packed loaders, finite losses."""
     import datasets
-    from test_training import debug_cfg
+    from helpers import debug_cfg
 
     from dspark.training.build import make_loader
     from dspark.training.loop import run

@@ -6,8 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import make_draft
-from test_training import debug_cfg, debug_data  # noqa: F401  (module fixture)
+from helpers import debug_cfg, make_draft
 
 from dspark.training.lora import apply_lora, has_lora, merged_copy
 
@@ -58,7 +57,7 @@ def test_lora_starts_as_identity_and_merges_exactly(tiny_target, tmp_path):
         apply_lora(make_draft(target, tok), r=4, alpha=8, target_modules=["lm_head"])
 
 
-def test_lora_run_trains_only_adapters_and_publishes_merged(tmp_path, debug_data):  # noqa: F811
+def test_lora_run_trains_only_adapters_and_publishes_merged(tmp_path, debug_data):
     from dspark.training.loop import run
 
     base = debug_cfg(tmp_path / "base", debug_data, "trainer.max_steps=4", "trainer.eval_every=0")

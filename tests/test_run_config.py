@@ -3,22 +3,14 @@
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from helpers import compose_config
 from omegaconf import OmegaConf
 
-from dspark.training.schema import check, register_configs
+from dspark.training.schema import check
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 RECIPES_DIR = CONF.parent / "recipes"
 GROUPS = ["target", "draft", "data", "objective", "optim", "trainer", "tracking"]
-
-
-def _compose(overrides):
-    GlobalHydra.instance().clear()
-    register_configs(RECIPES_DIR)
-    with initialize_config_dir(str(CONF), version_base=None):
-        return compose("config", overrides=overrides, return_hydra_config=True)
 
 
 def _options(group):
@@ -27,14 +19,14 @@ def _options(group):
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
 def test_every_group_option_validates(group, option):
-    cfg = _compose([f"{group}={option}", "data.train=x"])
+    cfg = compose_config([f"{group}={option}", "data.train=x"])
     check(cfg)
     OmegaConf.to_container(cfg.draft, resolve=True, throw_on_missing=True)
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
 def test_every_recipe_validates(recipe):
-    cfg = _compose([f"recipe={recipe}"])
+    cfg = compose_config([f"recipe={recipe}"])
     check(cfg)
     for group in GROUPS:
         OmegaConf.to_container(cfg[group], resolve=False, throw_on_missing=True)
@@ -45,24 +37,24 @@ def test_recipes_exist():
 
 
 def test_recipe_overrides_group_choice_and_values():
-    cfg = _compose(["recipe=debug"])
+    cfg = compose_config(["recipe=debug"])
     assert cfg.target.name == "tiny-qwen3" and cfg.tracking.backend == "none"
     assert cfg.draft.num_hidden_layers == 1
-    assert _compose(["recipe=qwen3_8b", "data.train=x"]).optim.lr == 6e-4
+    assert compose_config(["recipe=qwen3_8b", "data.train=x"]).optim.lr == 6e-4
 
 
 def test_misspelt_key_is_an_error():
     with pytest.raises(Exception, match="lrr"):
-        _compose(["recipe=debug", "optim.lrr=1e-3"])
+        compose_config(["recipe=debug", "optim.lrr=1e-3"])
 
 
 def test_wrong_type_is_an_error():
     with pytest.raises(Exception, match="block_size"):
-        _compose(["recipe=debug", "draft.block_size=seven"])
+        compose_config(["recipe=debug", "draft.block_size=seven"])
 
 
 def test_bad_choice_names_allowed_values():
-    cfg = _compose(["recipe=debug", "draft.markov_head_type=lstm"])
+    cfg = compose_config(["recipe=debug", "draft.markov_head_type=lstm"])
     with pytest.raises(ValueError, match="vanilla"):
         check(cfg)
 
@@ -87,7 +79,7 @@ def test_recipes_restate_no_default(recipe):
             continue
         ((key, value),) = entry.items()
         picks.append(f"{key.removeprefix('override ').removeprefix('/')}={value}")
-    base = _compose([*picks, "data.train=unset"])
+    base = compose_config([*picks, "data.train=unset"])
     body = {k: v for k, v in node.items() if k != "defaults"}
     assert set(body) <= set(GROUPS), f"recipes/{recipe}.yaml sets keys outside {GROUPS}"
     for key, value in _leaves(body):  # every key, nested ones (draft.lora.r) included
@@ -184,5 +176,5 @@ def test_dflash_option_is_the_python_overrides():
 
     yaml = OmegaConf.to_container(OmegaConf.load(CONF / "draft" / "dflash.yaml"))
     assert yaml == DFLASH_CONFIG_OVERRIDES
-    draft = _compose(["draft=dflash", "data.train=x"]).draft
+    draft = compose_config(["draft=dflash", "data.train=x"]).draft
     assert {k: draft[k] for k in DFLASH_CONFIG_OVERRIDES} == DFLASH_CONFIG_OVERRIDES

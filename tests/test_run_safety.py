@@ -1,4 +1,3 @@
-# ruff: noqa: F811  (pytest fixtures imported from test_training are redefined as arguments)
 """Nothing lost, nothing silently wrong in a training run directory: a second run over a first,
 a resume with other settings, damaged checkpoints, divergence, strict metrics, mismatched data,
 and the run config's mistakes as one error each."""
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_training import debug_cfg, debug_data  # noqa: F401  (module fixture)
+from helpers import debug_cfg
 
 from dspark.errors import BadInputError, UserError
 

@@ -1,9 +1,9 @@
 """data.train joining several tokenized sets: rows of both, in order, nothing dropped."""
 
-from test_training import debug_cfg, debug_data  # noqa: F401  (fixture)
+from helpers import debug_cfg
 
 
-def test_comma_joined_train_sets_concatenate(tmp_path, debug_data):  # noqa: F811
+def test_comma_joined_train_sets_concatenate(tmp_path, debug_data):
     from datasets import load_from_disk
 
     from dspark.target import load_target
