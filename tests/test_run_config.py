@@ -146,6 +146,8 @@ def test_draft_and_loss_defaults_have_one_source():
 
     model = {f.name: f.default for f in dataclasses.fields(DSparkConfig)}
     draft = {f.name: f.default for f in dataclasses.fields(DraftConfig)}
+    # draft.vocab_size is the model's draft_vocab_size (the model's vocab_size is the target's)
+    draft["draft_vocab_size"] = draft.pop("vocab_size")
     shared = set(model) & set(draft)
     assert {"num_hidden_layers", "block_size", "num_anchors", "markov_rank"} <= shared
     assert {k: draft[k] for k in shared} == {k: model[k] for k in shared}
