@@ -18,6 +18,9 @@ from pretrained weights, not from scratch). What is copied, and why:
   default taps end at N-n-1, whose output feeds layer N-n).
 - `norm` <- the target's final norm. Markov `W2` starts at zero (bias 0: the draft's first
   logits are the copied layers' own), `W1` and the confidence head keep their random init.
+  A reduced draft vocabulary changes nothing here: its `lm_head` already holds the target
+  head's rows at the kept ids (`from_target`), `W2` is zeroed at its K rows, and the q/k-norm
+  calibration reads target ids.
 """
 
 from __future__ import annotations
