@@ -36,6 +36,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--num-anchors", type=int, default=RunShape.num_anchors)
+    p.add_argument(
+        "--chunk-slots",
+        type=int,
+        default=RunShape.chunk_slots,
+        help="supervised slots per loss chunk (objective.chunk_slots); 0: all at once",
+    )
     p.add_argument("--check", nargs="*", default=[], help="targets to measure on this CPU")
     p.add_argument("--check-batch", type=int, default=1)
     p.add_argument("--check-seq-len", type=int, default=256)
@@ -78,6 +84,7 @@ def main() -> None:
         seq_len=args.seq_len,
         world_size=args.world_size,
         num_anchors=args.num_anchors,
+        chunk_slots=args.chunk_slots,
     )
     results = [estimate(t, shape) for t in args.targets]
     small = replace(
@@ -98,8 +105,9 @@ def main() -> None:
         f"Per-rank GiB: batch {shape.batch} x {shape.seq_len} tokens per rank, "
         f"{shape.world_size} ranks, target {shape.target_dtype}, bf16 autocast, flex attention, "
         f"draft {shape.num_hidden_layers} layers, block {shape.block_size}, "
-        f"{shape.num_anchors} anchors, Markov rank {shape.markov_rank}, AdamW; every position "
-        "supervised (upper bound). Sharded = FSDP2 over all ranks (target.shard=true).",
+        f"{shape.num_anchors} anchors, Markov rank {shape.markov_rank}, AdamW, loss chunks of "
+        f"{shape.chunk_slots or 'all'} slots; every position supervised (upper bound). "
+        "Sharded = FSDP2 over all ranks (target.shard=true).",
         "",
         markdown_table(results),
     ]

@@ -153,3 +153,20 @@ def test_forward_keeps_the_logits_path(tiny_target):
     torch.testing.assert_close(terms.confidence_logits, out.confidence_logits)
     with pytest.raises(ValueError, match="slot_mask"):
         draft(feats.tapped, ids, anchors, slot_loss=slot_loss)
+
+
+def test_memory_estimate_counts_one_loss_chunk():
+    """The estimator's loss term by hand: 6 fp32 [C, V] tensors, C = one chunk of slots (all M
+    slots with chunk_slots=0); at Qwen3-8B's shape chunking removes most of it."""
+    from dspark.training.memory import RunShape, estimate
+
+    V, M = 151936, 512 * 7  # Qwen3-8B's vocabulary; 512 anchors of 7 slots, batch 1
+    whole = estimate("Qwen/Qwen3-8B", RunShape(chunk_slots=0))
+    chunked = estimate("Qwen/Qwen3-8B", RunShape(chunk_slots=256))
+    assert whole["supervised_slots"] == M and whole["loss_chunk_slots"] == M
+    assert whole["activation_parts"]["loss"] == 6 * M * V * 4
+    assert chunked["activation_parts"]["loss"] == 6 * 256 * V * 4
+    drop = whole["activation_parts"]["loss"] - chunked["activation_parts"]["loss"]
+    assert whole["bytes"]["replicated"]["total"] - chunked["bytes"]["replicated"]["total"] == drop
+    small = estimate("Qwen/Qwen3-8B", RunShape(chunk_slots=10 * M))  # a chunk larger than M
+    assert small["activation_parts"]["loss"] == whole["activation_parts"]["loss"]

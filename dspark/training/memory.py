@@ -14,9 +14,11 @@ every position is supervised (the upper bound: real data with prompts supervises
   per block token (`N * gamma` block tokens per sequence, N = min(num_anchors, S - gamma));
   with `attention="sdpa"` also the `[B, heads, Q, S + Q]` score and probability matrices
   (flex attention, the CUDA default, never materialises them);
-- loss: `LOGIT_COPIES` fp32 `[M, V]` tensors over the M = B * N * gamma supervised slots
-  (lm_head + Markov bias, the fp32 softmaxes of draft and target for L1, log-softmax for CE,
-  the |p_d - p_t| input kept for backward, and the gradient of the logits).
+- loss: `LOGIT_COPIES` fp32 `[C, V]` tensors (lm_head + Markov bias, the fp32 softmaxes of
+  draft and target for L1, log-softmax for CE, the |p_d - p_t| input kept for backward, and
+  the gradient of the logits), where C = min(M, `chunk_slots`) slots of the M = B * N * gamma
+  supervised ones: the loss runs one chunk at a time and recomputes it in backward
+  (dspark/modeling/slot_chunks.py); `chunk_slots=0` holds all M at once (C = M).
 
 Fixed per rank: draft weights (fp32, trainable and the frozen embed / lm_head copies), fp32
 grads of the trainable ones (+ one more copy in DDP's gradient buckets when world_size > 1),
@@ -32,9 +34,10 @@ from typing import Any
 import torch
 
 from dspark.config import NUM_TARGET_FEATURES, DSparkConfig
+from dspark.objectives.dspark import CHUNK_SLOTS
 
 GiB = 2**30
-LOGIT_COPIES = 6  # fp32 [M, V] tensors alive at the loss's peak (see the module docstring)
+LOGIT_COPIES = 6  # fp32 [C, V] tensors alive at the loss's peak (see the module docstring)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # Published architecture shapes (config.json of the hub repos), so the estimate needs no hub.
@@ -82,6 +85,7 @@ class RunShape:
     num_anchors: int = DSparkConfig.num_anchors
     markov_rank: int = DSparkConfig.markov_rank
     num_target_layers_tapped: int = NUM_TARGET_FEATURES
+    chunk_slots: int = CHUNK_SLOTS  # the objective's default; 0: the loss over all slots at once
 
 
 def target_config(spec: str):
@@ -156,7 +160,8 @@ def estimate(spec: str, shape: RunShape) -> dict:
     draft_acts += shape.num_hidden_layers * B * per_layer * cb
     if shape.attention == "sdpa":  # fp32 scores and probabilities per draft layer
         draft_acts += shape.num_hidden_layers * 2 * B * heads * Q * (S + Q) * 4
-    loss_acts = LOGIT_COPIES * M * V * 4
+    C = min(M, shape.chunk_slots) if shape.chunk_slots else M  # slots of one loss chunk
+    loss_acts = LOGIT_COPIES * C * V * 4
 
     trainable = n["draft_trainable"]
     fixed = {
@@ -191,6 +196,7 @@ def estimate(spec: str, shape: RunShape) -> dict:
         "shape": asdict(shape),
         "block_tokens_per_seq": Q,
         "supervised_slots": M,
+        "loss_chunk_slots": C,
         "activation_parts": {"target": target_acts, "draft": draft_acts, "loss": loss_acts},
         "bytes": modes,
     }
@@ -244,7 +250,7 @@ def measure(spec: str, shape: RunShape, steps: int = 2, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     draft = DSparkDraftModel.from_target(target, dcfg)
     draft.attn_backend = shape.attention
-    objective = build_objective("dspark", target, dcfg, seed=seed)
+    objective = build_objective("dspark", target, dcfg, seed=seed, chunk_slots=shape.chunk_slots)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-4)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, target.config.vocab_size, (shape.batch, shape.seq_len), generator=g)
