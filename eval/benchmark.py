@@ -2,6 +2,8 @@
 
     python eval/benchmark.py draft=PATH [target=SPEC] datasets=[gsm8k,humaneval,mt-bench,embedded] \
         num_prompts=40 max_new_tokens=256 temperature=0 batch_size=1 output_dir=DIR
+    python eval/benchmark.py draft=PATH dtype=auto verify_length=auto \
+        baseline_dtypes=[float32,bfloat16]   # measured dtype and verify length, fastest plain
 
 Keys and defaults: dspark/eval/config.py (BenchmarkConfig). Writes results.json, report.md and
 PNG plots into output_dir (default: Hydra's run directory) and prints the report.

@@ -3,6 +3,7 @@ draft needs to pay off (break-even) and the verify length that pays best.
 
     python eval/cost_model.py [--target embedded] [--threads 2] [--dtype float32]
         [--layers 1 2 3 5] [--block-size 7] [--markov-rank 64] [--accept 0.7 0.6 ...]
+        [--accept-from runs/quickstart/draft]
         [--out runs/cost_model]
 
 Writes cost_model.json, cost_model.md and cost_model.png (time per pass vs tokens verified).
@@ -41,8 +42,23 @@ def main() -> None:
         default=None,
         help="P(accept k | k-1 accepted) per position",
     )
+    ap.add_argument(
+        "--accept-from",
+        default=None,
+        metavar="DRAFT_DIR",
+        help="take --accept from a trained draft's held-out eval (greedy_accept@k of the "
+        "results.json beside it)",
+    )
     ap.add_argument("--out", default="runs/cost_model")
     args = ap.parse_args()
+    if args.accept_from:
+        from dspark.errors import BadInputError
+        from dspark.eval.auto_settings import draft_acceptance
+
+        got = draft_acceptance(args.accept_from, 0.0, args.block_size)
+        if got["accept"] is None:
+            raise BadInputError(f"--accept-from: {got['source']}; pass --accept P1 P2 ... instead")
+        args.accept = got["accept"]
     torch.set_num_threads(args.threads)
     target, _ = load_target(args.target, dtype=args.dtype)
     c = measure_costs(

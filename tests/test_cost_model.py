@@ -34,3 +34,22 @@ def test_measure_costs_on_a_tiny_target(tiny_target):
     assert set(c["t_verify"]) == {1, 2, 3, 4} and set(c["t_draft"]) == {1, 2}
     assert c["t_ar"] > 0 and all(t > 0 for t in c["t_verify"].values())
     assert c["conditions"]["block_size"] == 3 and c["conditions"]["batch"] == 1
+
+
+def test_accept_from_a_draft_without_a_run_is_one_error_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    proc = subprocess.run(
+        [sys.executable, "eval/cost_model.py", "--accept-from", str(tmp_path / "draft")],
+        cwd=Path(__file__).resolve().parents[1], env=dict(os.environ), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"cost_model: error: --accept-from: no results.json with final_eval "
+        f"eval/greedy_accept@k in {tmp_path / 'draft'} or its parent (a training run's draft "
+        "has one); pass --accept P1 P2 ... instead"
+    ]

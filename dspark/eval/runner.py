@@ -2,8 +2,10 @@
 
 Per dataset (and per turn stage when `all_turns`), requests go through, batch by batch and
 interleaved so machine-load drift hits every method alike: dspark's autoregressive baseline
-(`generate_autoregressive`), dspark's speculative decoder, then transformers' own decoders
-(greedy, batch 1). Every call is timed with `perf_counter` around it (CUDA synchronised);
+(`generate_autoregressive`), dspark's speculative decoder, plain decoding in each other
+`baseline_dtypes` dtype (fastest_plain.py), then transformers' own decoders (greedy, batch 1).
+Before any of it, `dtype=auto` / `verify_length=auto` are decided from this machine's measured
+probe and the draft's held-out acceptance (auto_settings.py). Every call is timed with `perf_counter` around it (CUDA synchronised);
 untimed warm-up calls come first. Later turns are rendered with the target's own earlier
 answers (the autoregressive baseline's output, i.e. exactly what the target says).
 """
@@ -467,15 +469,18 @@ def check_draft_fits_target(draft_config, target_config, draft: str, target: str
         )
 
 
-def load_models(cfg):
-    """(target, tokenizer, draft, target spec) on the configured device and dtype."""
+def load_models(cfg, probe_dtype: bool = False):
+    """(target, tokenizer, draft, target spec) on the configured device and dtype.
+
+    `probe_dtype` (the benchmark): `dtype=auto` loads fp32, which `auto_settings.choose` then
+    casts to the measured choice; other callers keep `auto` = the checkpoint's dtype."""
     from dspark.errors import BadInputError, require_draft_dir
     from dspark.export.load import load_draft
     from dspark.target.loading import _as_dtype, load_target
 
     device = resolve_device(cfg.device)
     # auto: loaded in fp32, then cast to the probe's choice (auto_settings.choose)
-    dtype = torch.float32 if cfg.dtype == "auto" else _as_dtype(cfg.dtype)
+    dtype = torch.float32 if probe_dtype and cfg.dtype == "auto" else _as_dtype(cfg.dtype)
     # load_draft: a missing or damaged weights file is one error line naming it
     draft = load_draft(require_draft_dir(cfg.draft, "draft"))
     spec = cfg.target or getattr(draft.config, "target_name_or_path", None)
@@ -510,7 +515,7 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     out.mkdir(parents=True, exist_ok=True)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
-    target, tokenizer, draft, spec = load_models(cfg)
+    target, tokenizer, draft, spec = load_models(cfg, probe_dtype=True)
     block = int(draft.config.block_size)
     if cfg.verify_policy in ("threshold", "scheduler") and draft.confidence_head is None:
         raise BadInputError(
