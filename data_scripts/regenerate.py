@@ -6,7 +6,9 @@
 Backends: `--backend decoder` (default; dspark's static-cache decoder, `--batch-size` rows
 per batch, 32, grouped by prompt length), `--backend hf` (HF generate, the fallback),
 `--server URL` (vLLM / SGLang via the openai client). Rerun the same command to resume after
-a kill. See dspark/data/regenerate.py.
+a kill. `--dtype auto` times the batched AR step in float32 and bfloat16 at `--batch-size`
+(cached per CPU and target, dspark/dtype_probe.py) and regenerates in the faster, recorded in
+`dtype_choice.json`. See dspark/data/regenerate.py.
 Console script: `dspark-regenerate` (dspark/cli.py).
 """
 
