@@ -3,7 +3,8 @@
 Any model with these members can be decoded by `dspark.decoding`; `DSparkDraftModel` is one
 (tests/test_modeling.py checks it). The protocols are `runtime_checkable`, so `isinstance`
 checks that the members exist (not their signatures; the type checker does that).
-Shapes: gamma = `config.block_size`, H hidden, V vocab, r = `config.markov_rank`.
+Shapes: gamma = `config.block_size`, H hidden, V vocab, K draft ids (V unless
+`config.draft_vocab_size` reduces them), r = `config.markov_rank`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class MarkovHeadInference(Protocol):
     def step(
         self, h_k: torch.Tensor, prev_token: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """`(bias [B, V], feat [B, r], new_state)` for slot k; `prev_token [B]`."""
+        """`(bias [B, K], feat [B, r], new_state)` for slot k; `prev_token [B]` (target ids)."""
         ...
 
 
@@ -47,7 +48,8 @@ class DraftInference(Protocol):
 
     @property
     def lm_head(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """U [.., V] = lm_head(h [.., H]): the frozen copy of the target's head."""
+        """U [.., K] = lm_head(h [.., H]): the frozen copy of the target's head (its rows at the
+        kept ids of a reduced vocabulary, K = config.draft_vocab_size; else K = V)."""
         ...
 
     @property
