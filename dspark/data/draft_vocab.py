@@ -5,7 +5,8 @@ end-of-turn markers) of a tokenized set; ties go to the lower id, so the same se
 gives the same ids. The file (`draft_vocab_<K>.json` beside the set) holds the ids, sorted,
 and the share of the supervised tokens they cover: a draft over those K ids can propose at
 most that share of what the target writes (every other token ends its block there).
-Exports take it as `--draft-vocab` (d2t / t2d in every format).
+Exports take it as `--draft-vocab` (d2t / t2d in every format), training runs as
+`draft.vocab_size=K` (dspark/training/draft_vocab.py).
 """
 
 from __future__ import annotations
