@@ -56,8 +56,10 @@ def _draft_signature(draft) -> dict | None:
         return None
     c = draft.config
     keys = ("num_hidden_layers", "block_size", "markov_rank", "hidden_size", "vocab_size")
+    head = getattr(getattr(draft, "lm_head", None), "weight", None)
     return {k: getattr(c, k, None) for k in keys} | {
-        "confidence_head": getattr(draft, "confidence_head", None) is not None
+        "confidence_head": getattr(draft, "confidence_head", None) is not None,
+        "head_rows": int(head.shape[0]) if head is not None else None,  # K of a reduced vocab
     }
 
 
@@ -106,6 +108,7 @@ def measure_one(
     """{"t_ar", "t_verify": {n: s}, "t_draft"} of `target` (and `draft`) as they are."""
     from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
     from dspark.decoding.draft_step import propose
+    from dspark.decoding.draft_vocab import DraftVocab
     from dspark.decoding.target_step import TargetRunner
 
     dev = next(target.parameters()).device
@@ -148,9 +151,17 @@ def measure_one(
             valid = torch.arange(max_len, device=dev)[None, :n_ctx] < apos[:, None]
             anchor = ids[:, context_len]
             mask_id = int(draft.config.mask_token_id)
+            vocab = DraftVocab.of(draft, dev)  # a reduced draft vocabulary, as the decoder
             out["t_draft"] = _median(
                 lambda: propose(
-                    draft, anchor, apos, ctx.view(n_ctx), valid, gamma=g, mask_token_id=mask_id
+                    draft,
+                    anchor,
+                    apos,
+                    ctx.view(n_ctx),
+                    valid,
+                    gamma=g,
+                    mask_token_id=mask_id,
+                    vocab=vocab,
                 ),
                 repeats,
                 dev,
