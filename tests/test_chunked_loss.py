@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from helpers import make_draft
-from test_objective import kept_ids_for, make_batch, reduce_vocab
+from test_objective import kept_ids_for, make_batch, reduced_draft
 
 from dspark import losses as L
 from dspark.modeling.slot_chunks import chunk_bounds
@@ -71,11 +71,14 @@ CASES = [
 @pytest.mark.parametrize("vocab, head, conf", CASES)
 def test_chunked_equals_unchunked_and_logits_path(tiny_target, vocab, head, conf):
     target, tok = tiny_target("qwen3")
-    draft = make_draft(target, tok, markov_head_type=head, enable_confidence_head=conf)
+    over = {"markov_head_type": head, "enable_confidence_head": conf}
     batch = make_batch()
     kept = kept_ids_for(target, batch) if vocab == "reduced" else None
-    if kept is not None:
-        reduce_vocab(draft, kept)
+    draft = (
+        make_draft(target, tok, **over)
+        if kept is None
+        else reduced_draft(target, tok, kept, **over)
+    )
     params = [p for p in draft.parameters() if p.requires_grad]
     ref_loss, ref_metrics = logits_path(draft, target, batch, kept)
     ref_grads = torch.autograd.grad(ref_loss, params)

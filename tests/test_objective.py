@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from helpers import make_draft
 
+from dspark.config import DSparkConfig, choose_mask_token_id
+from dspark.modeling import DSparkDraftModel
 from dspark.objectives import DFLASH_CONFIG_OVERRIDES, LocalReducer, build_objective
 from dspark.target.capture import BatchFeatures, OnlineTargetCapture
 
@@ -26,29 +28,21 @@ def make_batch(S=18, seed=0):
     return {"input_ids": ids, "attention_mask": am, "loss_mask": lm}
 
 
-def reduce_vocab(draft, kept):
-    """The draft with a reduced vocabulary of the sorted target ids `kept [K]`, built by hand:
-    `lm_head` / `markov_w2` keep those rows, `d2t` / `t2d` and `config.draft_vocab_size` say so."""
-    K, V = kept.numel(), draft.config.vocab_size
-    with torch.no_grad():
-        head = torch.nn.Linear(draft.config.hidden_size, K, bias=False)
-        head.weight.copy_(draft.lm_head.weight[kept])
-        draft.lm_head = head.requires_grad_(False)
-        if draft.markov_head is not None:
-            w2 = torch.nn.Linear(draft.markov_head.rank, K, bias=False)
-            w2.weight.copy_(draft.markov_head.markov_w2.weight[kept])
-            draft.markov_head.markov_w2 = w2
-    draft.config.draft_vocab_size = K
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[kept] = True
-    for name, buf in (("d2t", kept - torch.arange(K)), ("t2d", t2d)):
-        if name in draft._buffers:
-            draft._buffers[name] = buf
-        else:
-            draft.register_buffer(name, buf)
-    if not isinstance(getattr(type(draft), "kept_target_ids", None), property):
-        draft.kept_target_ids = kept
+def reduced_draft(target, tok, kept, **kw):
+    """`make_draft`'s draft with a reduced vocabulary of the target ids `kept [K]`, built the
+    way training builds one (`draft_vocab_size` K, `from_target(kept_ids=)`)."""
+    cfg = DSparkConfig.from_target_config(
+        target.config,
+        num_hidden_layers=1,
+        markov_rank=8,
+        mask_token_id=choose_mask_token_id(tok, target.config.vocab_size),
+        draft_vocab_size=int(kept.numel()),
+        **kw,
+    )
+    torch.manual_seed(0)
+    draft = DSparkDraftModel.from_target(target, cfg, kept_ids=kept)
     assert torch.equal(draft.kept_target_ids, kept)
+    assert draft.lm_head.weight.shape[0] == kept.numel()
     return draft
 
 
@@ -164,7 +158,7 @@ def test_loss_matches_plain_reference(tiny_target, arch_, over, reduced):
     batch = make_batch()
     kept = kept_ids_for(target, batch) if reduced else None
     if reduced:
-        reduce_vocab(draft, kept)
+        draft = reduced_draft(target, tok, kept, **over)
     name = "dflash" if over is DFLASH_CONFIG_OVERRIDES else "dspark"
     # chunks of 16 slots: several chunks, recomputed in backward
     obj = build_objective(name, target, draft.config, num_anchors=64, chunk_slots=16)
