@@ -317,8 +317,8 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         if slot_mask is None:
             raise ValueError("forward(slot_loss=...) needs the slot_mask of the supervised slots")
         h, mixed, feat = self._selected_slots(hidden, prev, slot_mask)
-        # the kept target ids of a reduced draft vocabulary (None: the full one)
-        kept_ids = getattr(self, "kept_target_ids", None)
+        # the sorted kept target ids of a reduced draft vocabulary [K] (None: the full one)
+        kept_ids = self.kept_target_ids
         terms = chunked_slot_terms(self._slot_logits, slot_loss, h, mixed, kept_ids, chunk_size)
         return DSparkDraftOutput(
             hidden=hidden, confidence_logits=self._confidence_logits(h, feat), slot_terms=terms
