@@ -31,7 +31,11 @@ def parse(argv=None):
     src.add_argument("--draft-gguf", help="a draft GGUF (dflash arch); neither: no draft modes")
     ap.add_argument("--target", default="embedded", help="HF id / dir for the tokenizer")
     ap.add_argument("--target-gguf", default=None, help="default: the embedded target's GGUF")
-    ap.add_argument("--draft-outtype", default="f16", help="GGUF type of a --draft export")
+    from dspark.export.gguf import OUTTYPES
+
+    ap.add_argument(
+        "--draft-outtype", default="f16", choices=OUTTYPES, help="GGUF type of a --draft export"
+    )
     ap.add_argument("--datasets", default="gsm8k,humaneval,mt-bench")
     ap.add_argument("--bench-dir", default=None)
     ap.add_argument("--num-prompts", type=int, default=8)

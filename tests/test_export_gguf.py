@@ -320,3 +320,37 @@ def test_full_gguf_loads_back(tiny_target, tmp_path, tied):
     assert back.kept_target_ids is None
     for k, v in draft.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
+
+
+def test_q4_0_tensors_dequantize_by_hand_to_the_draft_weights(tmp_path):
+    """Q4_0 (llama.cpp's ggml layout, decoded here by hand: per 32 values an f16 scale d, then
+    16 bytes whose low nibbles are values 0..15 and high nibbles 16..31, value = (q - 8) * d)
+    holds each weight within one quantization step (half a step by rounding, a whole one where
+    the value opposite the block's extreme clamps at 15); 1-D tensors stay F32."""
+    import gguf
+
+    from dspark.config import DSparkConfig
+    from dspark.export.gguf import write_gguf
+    from dspark.modeling import DSparkDraftModel
+
+    cfg = DSparkConfig(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, block_size=4,
+                       mask_token_id=2, target_layer_ids=[1, 2], num_target_layers=4,
+                       target_model_type="llama", markov_rank=32)  # fmt: skip
+    torch.manual_seed(0)
+    draft = DSparkDraftModel(cfg).eval()
+    out = write_gguf(draft, tmp_path / "d.gguf", target="tiny-llama", outtype="q4_0")
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    t = tensors["blk.0.attn_q.weight"]
+    assert t.tensor_type == gguf.GGMLQuantizationType.Q4_0
+    raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, 18)
+    d = raw[:, :2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
+    q = np.concatenate([raw[:, 2:] & 0x0F, raw[:, 2:] >> 4], axis=1).astype(np.float32)
+    deq = ((q - 8.0) * d).reshape(-1)
+    w = draft.layers[0].self_attn.q_proj.weight.detach().numpy().reshape(-1)
+    step = np.repeat(np.abs(d[:, 0]), 32)
+    err = np.abs(deq - w)
+    assert np.all(err <= step + 1e-6)
+    assert np.mean(err <= 0.5 * step + 1e-6) > 0.95  # rounding, bar the clamped few
+    assert np.abs(deq - w).max() > 0  # quantized, not copied
+    assert tensors["blk.0.attn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32

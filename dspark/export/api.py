@@ -196,7 +196,7 @@ def export_draft(
     """Write `draft` (a `DSparkDraftModel` or a draft directory of any layout) to `out_dir`.
 
     `fmt`: deepspec | speculators | gguf (llama.cpp: `draft.gguf` of type `gguf_outtype`, f16 |
-    bf16 | f32 | q8_0, with the tokenizer of `verifier`, and a README with the
+    bf16 | f32 | q8_0 | q4_0, with the tokenizer of `verifier`, and a README with the
     `llama-server` command for `threads` threads). `dtype`: bfloat16 (default) | float32. `engine="vllm"` refuses
     (NotServableError, with the reasons) a draft that vLLM / SGLang would serve wrong;
     `engine="any"` writes it and lists the reasons in the README. `verifier`: the target's name

@@ -22,6 +22,8 @@ def export_main(argv=None) -> int:
     """Parse `argv`, export, return 0. A refused export raises a `UserError` (bad draft,
     unservable draft, an OUT that must not be replaced), which `dspark.cli.export` prints as
     one `export: error: ...` line with exit status 2."""
+    from dspark.export.gguf import OUTTYPES
+
     p = argparse.ArgumentParser(
         prog="export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -31,7 +33,7 @@ def export_main(argv=None) -> int:
     p.add_argument(
         "--outtype",
         default="f16",
-        choices=["f16", "bf16", "f32", "q8_0"],
+        choices=OUTTYPES,
         help="GGUF tensor type (--format gguf)",
     )
     p.add_argument("--threads", type=int, default=2, help="threads in the printed llama-server")

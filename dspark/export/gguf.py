@@ -6,8 +6,10 @@ DSpark keys (`block_size`, `target_layers` = decoder-layer ids + 1, the index of
 layer whose *input* llama.cpp captures, `sample_from_anchor`, `has_confidence_head`), the
 mask token id, the target's tokenizer metadata (`gguf_vocab`) and the tensors under
 llama.cpp's names. Tensor data follows llama.cpp's converter: 1-D tensors, norms and biases
-are F32, every other tensor takes `outtype` (Q8_0 falls back to F16 for rows that are not a
-multiple of 32).
+are F32, every other tensor takes `outtype` (Q8_0 / Q4_0 fall back to F16 for rows that are
+not a multiple of 32). Q4_0 is not one of llama.cpp's converter types (its `llama-quantize`
+makes it); a draft round in llama.cpp is bound by reading the draft's weights, so halving them
+again pays where Q8_0 still costs a noticeable share of a plain step.
 
 The output head: a full-vocabulary draft's `lm_head` is the target's, and llama.cpp takes a
 missing `output.weight` from the draft's `token_embd` (when present) or the target's. The
@@ -35,7 +37,7 @@ from dspark.errors import BadInputError
 from dspark.fileio import current_umask
 
 ARCH = "dflash"
-OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 # llama.cpp's tensor names for ours (HF names without the `model.` prefix)
 TOP_NAMES = {
     "embed_tokens.weight": "token_embd.weight",
@@ -191,10 +193,10 @@ def _data(arr: np.ndarray, gname: str, outtype: str):
     Q = gguf.GGMLQuantizationType
     if arr.ndim <= 1 or gname.endswith("_norm.weight") or not gname.endswith(".weight"):
         return arr.astype(np.float32), Q.F32
-    qtype = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[outtype]
+    qtype = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[outtype]
     try:
         return gguf.quants.quantize(arr, qtype), qtype
-    except gguf.QuantError:  # Q8_0 rows must hold a multiple of 32 values
+    except gguf.QuantError:  # Q8_0 / Q4_0 rows must hold a multiple of 32 values
         return gguf.quants.quantize(arr, Q.F16), Q.F16
 
 
@@ -214,7 +216,7 @@ def write_gguf(
 
     `target`: where the tokenizer metadata comes from: an HF target directory, a tiny target
     name, `embedded` (the SmolLM2 GGUF) or a target `.gguf` file (default: the draft's
-    `target_name_or_path`). `outtype`: f16 | bf16 | f32 | q8_0. `draft_vocab`: target ids to
+    `target_name_or_path`). `outtype`: f16 | bf16 | f32 | q8_0 | q4_0. `draft_vocab`: target ids to
     keep (as `export_draft`'s). `tokenizer_pre`: llama.cpp's pre-tokenizer name, for an HF
     tokenizer whose rules `gguf_vocab` does not know. Written to a temporary file and renamed;
     an existing file is replaced only with `overwrite=True`.
@@ -245,7 +247,7 @@ def write_gguf(
     if d2t is None and head is not None and embed is not None and torch.equal(head, embed):
         del state["lm_head.weight"]  # a tied target's head: llama.cpp reuses token_embd
 
-    ftype = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}[outtype]  # gguf.LlamaFileType
+    ftype = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2}[outtype]  # gguf.LlamaFileType
     rope = _rope(config)
     writer = gguf.GGUFWriter(None, ARCH)
     writer.add_type(gguf.GGUFType.MODEL)
