@@ -77,6 +77,22 @@ def parse(argv=None):
     return a
 
 
+def write_tuned_readme(a, out: Path, draft_gguf: str, results: dict) -> None:
+    from dspark.export.load import load_draft
+    from dspark.export.readme import render_llama_cpp
+    from dspark.fileio import write_text_atomic
+
+    config = load_draft(a.draft).config  # any layout; a small model
+    c = results["conditions"]
+    tuned = {**results["tuning"]["best"], "measured_on": f"{c['cpu']}, {c['threads']} threads, "
+             f"{c['engine']} (eval/llama_cpp_bench.py --tune {a.tune})"}  # fmt: skip
+    text = render_llama_cpp(config=config, gguf=draft_gguf, target=a.target,
+                            outtype=a.draft_outtype,
+                            draft_vocab_size=getattr(config, "draft_vocab_size", None),
+                            source=a.draft, threads=a.threads, tuned=tuned)  # fmt: skip
+    write_text_atomic(out / "README.md", text)
+
+
 def main(argv=None) -> None:
     with user_errors("llama_cpp_bench"):
         a = parse(argv)
@@ -124,6 +140,8 @@ def main(argv=None) -> None:
             ours=rep.load_ours(a.ours),
         )
         report = rep.write(results, out)
+        if a.draft and results.get("tuning"):  # the GGUF written here gets its tuned README
+            write_tuned_readme(a, out, draft_gguf, results)
     print(report.read_text())
     print(f"results: {out / 'results.json'}")
 

@@ -197,3 +197,18 @@ def test_the_report_ranks_every_engine_and_setting_per_set():
         "llama.cpp ngram-mod n_max=64",
         "bundled decoder plain (fp32)",
     ]
+
+
+def test_the_gguf_readme_carries_the_tuned_flags_when_given():
+    from types import SimpleNamespace
+
+    from dspark.export.readme import render_llama_cpp
+
+    cfg = SimpleNamespace(block_size=7, enable_confidence_head=True)
+    kw = dict(config=cfg, gguf="d.gguf", target="t.gguf", outtype="q8_0", draft_vocab_size=None,
+              source="runs/x/draft", threads=2)  # fmt: skip
+    plain = render_llama_cpp(**kw)
+    assert "--spec-draft-n-max 3 --spec-draft-p-min 0 " in plain
+    tuned = render_llama_cpp(**kw, tuned={"n_max": 1, "p_min": 0.5, "measured_on": "CPU Z"})
+    assert "--spec-draft-n-max 1 --spec-draft-p-min 0.5 " in tuned
+    assert "tuned on CPU Z" in tuned

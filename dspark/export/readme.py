@@ -106,9 +106,12 @@ def render_llama_cpp(
     draft_vocab_size: int | None,
     source: str,
     threads: int,
+    tuned: dict | None = None,
 ) -> str:
     """The README of a GGUF export: the llama-server command, the target's GGUF, and how to
-    tune the flags on the user's own machine (eval/llama_cpp_bench.py)."""
+    tune the flags on the user's own machine (eval/llama_cpp_bench.py). With `tuned`
+    (`{"n_max", "p_min", "measured_on"}` from that benchmark) the command carries the flags
+    measured fastest there."""
     g = int(config.block_size)
     target_gguf = "TARGET.gguf"
     convert = (
@@ -132,10 +135,20 @@ def render_llama_cpp(
         + (", confidence head (for --spec-draft-p-min)" if has_conf else "")
         + ".",
         "",
-        "Serve it (greedy verification keeps the target's output unchanged):",
+    ]
+    if tuned:
+        n_max, p_min = int(tuned["n_max"]), float(tuned["p_min"])
+        lines += [
+            f"Serve it with the flags tuned on {tuned['measured_on']} (greedy verification "
+            "keeps the target's output unchanged):",
+        ]
+    else:
+        n_max, p_min = (min(3, g - 1) if g > 1 else 1), 0.0
+        lines += ["Serve it (greedy verification keeps the target's output unchanged):"]
+    lines += [
         "",
         "```",
-        llama_server_command(target_gguf, gguf, min(3, g - 1) if g > 1 else 1, 0.0, threads),
+        llama_server_command(target_gguf, gguf, n_max, p_min, threads),
         "```",
         "",
     ]
