@@ -32,7 +32,7 @@ TARGET_FAMILIES = ("llama", "qwen2", "qwen3")
 # serve: `Qwen3DSparkModel` (vLLM routes `DSparkDraftModel` to DeepSeek-V4: never emit it).
 SERVING_ARCHITECTURE = "Qwen3DSparkModel"
 SERVING_MODEL_TYPE = "qwen3"  # config.json's model_type: engines parse it with Qwen3Config
-# Names written by dspark < 0.2 for Llama / Qwen2 targets (layers without q/k norms): no
+# Names of the earlier per-family layout for Llama / Qwen2 targets (layers without q/k norms): no
 # engine registers them; `convert_legacy_draft` turns such a checkpoint into today's layout.
 LEGACY_ARCHITECTURES = ("LlamaDSparkModel", "Qwen2DSparkModel")
 # Mask-token candidates, in order of preference: reserved/unused specials first, then rarely
@@ -317,7 +317,7 @@ class DSparkConfig(PretrainedConfig):
             if legacy:
                 src = args[0] if args else kwargs.get("pretrained_model_name_or_path", "?")
                 raise ValueError(
-                    f"{src} is a dspark < 0.2 draft ({legacy[0]}: decoder layers without q/k "
+                    f"{src} is a draft in the earlier per-family layout ({legacy[0]}: decoder layers without q/k "
                     "norms), which no serving engine registers. Convert it once with\n"
                     f"  python -m dspark.modeling.legacy {src} NEW_DIR\n"
                     "then fine-tune NEW_DIR (draft.init_from=NEW_DIR): the new q/k norms start at "

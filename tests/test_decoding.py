@@ -568,7 +568,15 @@ def test_real_draft_sampling_runs_and_is_seeded(tiny_target):
     a = dec.generate(prompts, 12, seed=7)
     b = dec.generate(prompts, 12, seed=7)
     assert a.sequences == b.sequences and all(len(s) == 12 for s in a.sequences)
-    assert a.tau >= 1.0
+    # the round record accounts for every committed token: the prefill commits the first, a
+    # round its accepted drafts plus one target token; only the last may be cut by the limit
+    for seq, acc in zip(a.sequences, a.accept_lengths):
+        committed = 1 + sum(acc) + len(acc)
+        assert committed - dec.gamma <= len(seq) <= committed
+    rounds = sum(len(x) for x in a.accept_lengths)
+    assert a.tau == pytest.approx((sum(sum(x) for x in a.accept_lengths) + rounds) / rounds)
+    c = dec.generate(prompts, 12, seed=8)
+    assert c.sequences != a.sequences  # the seed decides the samples
 
 
 @pytest.mark.parametrize("w2_scale", [1.0, 30.0, 1000.0])

@@ -1,6 +1,6 @@
 """The serving architecture: every draft is Qwen3-style whatever the target family, its config
 parses as transformers' own Qwen3Config, its decoder layer computes what HF's Qwen3 layer
-computes, and dspark < 0.2 checkpoints fail with the conversion command (and convert)."""
+computes, and checkpoints in the earlier per-family layout fail with the conversion command (and convert)."""
 
 import json
 
@@ -60,7 +60,7 @@ def test_legacy_checkpoint_fails_with_the_fix_and_converts(tiny_target, tmp_path
     draft = make_draft(target, tok, num_hidden_layers=2)
     old = tmp_path / "old"
     draft.save_pretrained(old)
-    # Make it what dspark < 0.2 wrote: LlamaDSparkModel, no q/k norms.
+    # Make it the earlier per-family layout: LlamaDSparkModel, no q/k norms.
     cfg = json.loads((old / "config.json").read_text())
     cfg.update(architectures=["LlamaDSparkModel"], model_type="llama")
     (old / "config.json").write_text(json.dumps(cfg))

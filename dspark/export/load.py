@@ -2,7 +2,7 @@
 
 Layouts, told apart by config.json:
 - ours / DeepSpec / upstream vLLM: `block_size` and `target_layer_ids` at the top level
-  (`DSparkDraftModel.from_pretrained`; dspark < 0.2 drafts fail there with the conversion
+  (`DSparkDraftModel.from_pretrained`; drafts in the earlier per-family layout fail there with the conversion
   command);
 - DeepSpec / DFlash-style nesting: `block_size` at the top and `dflash_config` {mask_token_id,
   target_layer_ids} (flattened here);
@@ -134,7 +134,7 @@ def load_draft(
         except UserError:
             raise
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:
-            # transformers' OSError for missing weights, a DSparkConfig check (the dspark < 0.2
+            # transformers' OSError for missing weights, a DSparkConfig check (the earlier per-family layout
             # one carries the conversion command), a shape mismatch, a damaged weights file
             raise BadInputError(f"{path} cannot be loaded as a draft: {_one_line(e)}") from None
     else:

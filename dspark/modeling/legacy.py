@@ -1,4 +1,5 @@
-"""Convert a dspark < 0.2 draft (`LlamaDSparkModel` / `Qwen2DSparkModel`) to today's layout.
+"""Convert a draft in the earlier per-family layout (`LlamaDSparkModel` / `Qwen2DSparkModel`,
+decoder layers without q/k norms) to today's layout.
 
 Those drafts used their target family's own layer style (no q/k norms; q/k/v biases for Qwen2
 targets; an rnn head of another formula), which no engine serves. The conversion keeps every
