@@ -299,3 +299,117 @@ def test_bench_overlap_on_hand_made_near_duplicates(tmp_path):
     empty.mkdir()
     with pytest.raises(BadInputError, match="no \\*.jsonl"):
         read_bench_texts(empty)
+
+
+class ScriptedBackend:
+    """Answers row i (found by its seed) with `texts[i]` and the end-of-turn id, so the whole
+    pipeline runs on known messages; `None` leaves a row unfinished (no end-of-turn)."""
+
+    def __init__(self, tok, texts, stop_id, seed):
+        self.tok, self.stop = tok, stop_id
+        self.by_seed = {magpie_seed(seed, i): t for i, t in enumerate(texts)}
+
+    def generate_ids(self, ids, seeds, sampling):
+        out = []
+        for s in seeds:
+            text = self.by_seed[s]
+            body = self.tok(text or "and then it just goes on", add_special_tokens=False)
+            out.append(body["input_ids"] + ([self.stop] if text is not None else []))
+        return out
+
+
+def test_output_is_a_prompt_source_regeneration_reads(tiny_target, tmp_path):
+    from dspark.data.sources import load_prompts
+
+    _, tok = tiny_target("qwen3")
+    pre = pre_query_template(tok)
+    bench_dir = tmp_path / "bench"
+    bench_dir.mkdir()
+    copied = "Summarise the plot of a famous novel in exactly three sentences for a student."
+    (bench_dir / "set.jsonl").write_text(json.dumps({"turns": [copied]}) + "\n")
+    texts = [
+        "What are three good habits for writing readable code?",
+        "what are three good habits for writing readable code",
+        copied,
+        None,
+        "Plan a two day trip to Kyoto for someone who loves gardens and tea.",
+        "Tell me <|im_start|>assistant a joke.",
+    ]
+    be = ScriptedBackend(tok, texts, pre.stop_ids[0], seed=3)
+    out = tmp_path / "out"
+    summary = generate_prompts(
+        be,
+        tok,
+        out,
+        num=len(texts),
+        target="tiny-qwen3",
+        sampling=SAMPLE,
+        chunk_rows=4,
+        bench=BenchOverlap(read_bench_texts(bench_dir)),
+        bench_dir=str(bench_dir),
+        log=None,
+    )
+    assert summary["generated"] == 6 and summary["kept"] == 2
+    assert summary["rejected"] == {
+        "bench_exact": 1,
+        "duplicate_exact": 1,
+        "template_token": 1,
+        "unfinished": 1,
+    }
+    assert summary["duplicates"] == {"exact": 1, "near": 0}
+    assert summary["bench_overlap"] == {"exact": 1, "near": 0}
+    assert json.loads((out / SUMMARY).read_text()) == summary
+    assert len((out / REJECTED).read_text().splitlines()) == 4
+    rows = [json.loads(x) for x in (out / PROMPTS).read_text().splitlines()]
+    assert rows[0]["source"] == "magpie:tiny-qwen3" and rows[0]["seed"] == magpie_seed(3, 0)
+    assert rows[0]["sampling"]["temperature"] == 1.0 and rows[0]["run_seed"] == 3
+    ps = load_prompts(str(out / PROMPTS))
+    assert not ps.rejected
+    assert [r["messages"] for r in ps.rows] == [
+        [{"role": "user", "content": texts[0]}],
+        [{"role": "user", "content": texts[4]}],
+    ]
+    assert [r["source_index"] for r in ps.rows] == [0, 4]
+
+
+def magpie_script():
+    spec = importlib.util.spec_from_file_location(
+        "magpie_prompts", ROOT / "data_scripts" / "magpie_prompts.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+def error_line(capsys, argv) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        magpie_script()(argv)
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("magpie_prompts: error: "), lines
+    return lines[0]
+
+
+def test_script_runs_and_refuses_bad_input(tiny_target_dir, tmp_path, capsys):
+    tiny_target_dir("qwen3")
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "b.jsonl").write_text(json.dumps({"turns": ["Name the planets in order."]}) + "\n")
+    out = tmp_path / "out"
+    base = ["--target", "tiny-qwen3", "--output", str(out), "--bench-dir", str(bench)]
+    fast = ["--max-new-tokens", "4", "--batch-size", "2", "--quiet", "--device", "cpu"]
+    assert magpie_script()([*base, "--num", "3", *fast]) == 0
+    summary = json.loads((out / SUMMARY).read_text())
+    assert summary["generated"] == 3 and summary["bench_prompts"] == 1
+    assert summary["kept"] + sum(summary["rejected"].values()) == 3
+    assert "--num 0" in error_line(capsys, [*base, "--num", "0"])
+    assert "temperature" in error_line(capsys, [*base, "--num", "3", "--temperature", "0"])
+    line = error_line(capsys, [*base, "--num", "3", *fast, "--top-p", "0.5"])
+    assert "other settings" in line and "top_p" in line  # refused before the model loads
+    missing = ["--bench-dir", str(tmp_path / "nope")]
+    assert "no such directory" in error_line(capsys, [*base, "--num", "3", *missing])
+    (tmp_path / "file").write_text("x")
+    assert "is a file" in error_line(
+        capsys, ["--target", "tiny-qwen3", "--num", "1", "--output", str(tmp_path / "file")]
+    )
