@@ -73,7 +73,7 @@ def measure_arm(overrides: list[str], steps: int) -> dict:
     objective = build_objective_for(cfg, target, draft.config)
     train_ds, _ = load_datasets(cfg, tokenizer, target, draft.config)
     loader = make_loader(train_ds, tokenizer, cfg, shuffle=False)
-    optimizer = build_optimizer(draft, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
+    optimizer = build_optimizer(draft, cfg.optim)
     batches = []
     for b in loader:
         batches.append(b)

@@ -36,6 +36,7 @@ from dspark.training.checkpoint import (
     resume_latest,
     save_checkpoint,
 )
+from dspark.training.muon import check_distribution
 from dspark.training.optim import build_optimizer, warmup_cosine
 from dspark.training.precision import resolve_mixed_precision
 from dspark.training.report import write_report
@@ -152,6 +153,8 @@ def run(cfg) -> dict:
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     check_launch(accelerator.num_processes, accelerator.distributed_type.value)
+    if cfg.optim.name == "muon":  # Newton-Schulz needs whole matrices: DDP yes, FSDP / ZeRO no
+        check_distribution(accelerator.distributed_type.value)
     set_seed(t_cfg.seed)
     main = accelerator.is_main_process
     if cfg.target.shard:  # load on the host; fully_shard moves each rank's shard to its device
@@ -174,7 +177,7 @@ def run(cfg) -> dict:
     train_dl = make_loader(train_ds, tokenizer, cfg, shuffle=cfg.data.shuffle)
     eval_dl = make_loader(eval_ds, tokenizer, cfg, shuffle=False)
 
-    optimizer = build_optimizer(draft, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
+    optimizer = build_optimizer(draft, cfg.optim)
     draft, optimizer, train_dl, eval_dl = accelerator.prepare(draft, optimizer, train_dl, eval_dl)
     steps_per_epoch = max(1, len(train_dl) // t_cfg.gradient_accumulation_steps)
     total = t_cfg.max_steps or max(1, math.ceil(t_cfg.epochs * steps_per_epoch))

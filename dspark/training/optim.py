@@ -1,17 +1,44 @@
-"""AdamW over the trainable parameters, linear warm-up then cosine decay (transformers')."""
+"""The run config's optimizer over the trainable parameters (`optim.name`: AdamW, or Muon for
+the hidden matrices with AdamW for the rest, training/muon.py), linear warm-up then cosine
+decay (transformers')."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 
-def build_optimizer(
-    model: torch.nn.Module, lr: float, weight_decay: float, betas
-) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
+def build_optimizer(model: torch.nn.Module, optim: Any) -> torch.optim.Optimizer:
+    """`optim` is the run config's `optim` section (`OptimConfig`). Only parameters with
+    requires_grad are optimised (the frozen embed_tokens / lm_head copies never are)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
         raise ValueError("the draft has no trainable parameters")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    adamw_kw = {"lr": optim.lr, "weight_decay": optim.weight_decay, "betas": tuple(optim.betas)}
+    if optim.name == "adamw":
+        return torch.optim.AdamW([p for _, p in named], **adamw_kw)
+    if optim.name != "muon":
+        raise ValueError(f"optim.name={optim.name!r} is not one of ('adamw', 'muon')")
+    from dspark.training.muon import MuonWithAdamW, split_parameters
+
+    muon, adamw = split_parameters(named)
+    if not muon or not adamw:
+        raise ValueError(
+            "optim.name=muon needs hidden weight matrices (fc, layers.*) and other trainable "
+            f"parameters; this draft trains {len(muon)} and {len(adamw)} (a LoRA run has no "
+            "Muon matrix): use optim.name=adamw"
+        )
+    return MuonWithAdamW(
+        torch.optim.AdamW([p for _, p in adamw], **adamw_kw),
+        torch.optim.Muon(
+            [p for _, p in muon],
+            lr=optim.lr * optim.muon_lr_ratio,  # the schedule scales it with AdamW's lr
+            weight_decay=optim.muon_weight_decay,
+            momentum=optim.muon_momentum,
+            ns_steps=optim.muon_ns_steps,
+        ),
+    )
 
 
 def warmup_steps(total_steps: int, warmup_ratio: float) -> int:

@@ -25,8 +25,12 @@ RUN_CONFIG = "run_config.json"
 METRICS = "metrics.jsonl"
 SUPERSEDED = "metrics.superseded.jsonl"
 # The run-config sections a resumed run must share with the run it continues: they decide the
-# draft's shape and what its weights mean. Data, optimizer and step budget may change.
-RESUME_KEYS = ("draft", "target.name")
+# draft's shape and what its weights mean, and (optim.name) what its optimizer state holds
+# (AdamW's moments, or Muon's momentum for the hidden matrices as well). Data, the other
+# optimizer settings and the step budget may change.
+RESUME_KEYS = ("draft", "target.name", "optim.name")
+# What a run directory recorded before a key of RESUME_KEYS existed ran with.
+RECORDED_BEFORE = {"optim.name": "adamw"}
 
 
 def run_contents(out: Path) -> list[str]:
@@ -84,14 +88,17 @@ def check_resume_config(out: Path, run_config: dict) -> None:
         ) from None
     changed = []
     for key in RESUME_KEYS:
-        old, new = _flat(_select(before, key), key), _flat(_select(run_config, key), key)
+        old_value = _select(before, key)
+        if old_value is None:  # a run recorded before the key existed
+            old_value = RECORDED_BEFORE.get(key)
+        old, new = _flat(old_value, key), _flat(_select(run_config, key), key)
         changed += [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
                     if old.get(k) != new.get(k)]  # fmt: skip
     if changed:
         raise BadInputError(
             f"trainer.output_dir={out} holds a run with other settings ({'; '.join(changed)}): "
-            "resuming would load weights made for them. Pass a new trainer.output_dir, or the "
-            "run's own settings to continue it"
+            "resuming would load weights and optimizer state made for them. Pass a new "
+            "trainer.output_dir, or the run's own settings to continue it"
         )
 
 

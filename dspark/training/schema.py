@@ -115,13 +115,23 @@ class ObjectiveConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 6e-4
+    # adamw: AdamW on every trainable parameter. muon: torch.optim.Muon on the draft's hidden
+    # matrices (fc, layers.*) and AdamW (lr, weight_decay, betas below) on the rest
+    # (training/muon.py); the muon_* keys apply to muon only.
+    name: str = "adamw"
+    lr: float = 6e-4  # AdamW's lr; Muon's is lr * muon_lr_ratio; the schedule scales both
     weight_decay: float = 0.0
     # torch's AdamW default, which DeepSpec's reference training uses
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_ratio: float = 0.04
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
     grad_clip: float = 1.0
+    # speculators' Muon settings for DFlash / DSpark drafts (torch.optim.Muon's own defaults
+    # for momentum (Nesterov), weight decay and Newton-Schulz steps)
+    muon_lr_ratio: float = 10.0
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.1  # decoupled: p *= 1 - (Muon lr) * muon_weight_decay a step
+    muon_ns_steps: int = 5
 
 
 @dataclass
@@ -180,6 +190,7 @@ _CHOICES = {
     ("tracking", "backend"): ("wandb", "tensorboard", "trackio", "mlflow", "none"),
     ("tracking", "mode"): ("auto", "online", "offline"),
     ("target", "dtype"): ("float32", "bfloat16", "float16", "auto"),
+    ("optim", "name"): ("adamw", "muon"),
 }
 
 
@@ -203,6 +214,10 @@ _BOUNDS: dict[tuple[str, str], tuple[float, bool, str]] = {
     ("optim", "warmup_ratio"): (0, True, "the warm-up share of all steps"),
     ("optim", "min_lr_ratio"): (0, True, "the cosine floor as a share of lr"),
     ("optim", "grad_clip"): (0, True, "the gradient-norm clip (0: off)"),
+    ("optim", "muon_lr_ratio"): (0, False, "Muon's lr as a multiple of optim.lr"),
+    ("optim", "muon_momentum"): (0, True, "Muon's momentum"),
+    ("optim", "muon_weight_decay"): (0, True, "Muon's weight decay"),
+    ("optim", "muon_ns_steps"): (1, True, "Muon's Newton-Schulz steps"),
     ("trainer", "epochs"): (0, False, "passes over the training set"),
     ("trainer", "gradient_accumulation_steps"): (1, True, "micro-steps per optimizer step"),
     ("trainer", "log_every"): (1, True, "optimizer steps between log rows"),
@@ -244,6 +259,10 @@ def _check_bounds(cfg: Any) -> None:
         raise BadInputError(f"optim.warmup_ratio={cfg.optim.warmup_ratio} must be in [0, 1)")
     if len(cfg.optim.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.optim.betas):
         raise BadInputError(f"optim.betas={list(cfg.optim.betas)} must be two numbers in [0, 1)")
+    if not cfg.optim.muon_momentum < 1.0:
+        raise BadInputError(f"optim.muon_momentum={cfg.optim.muon_momentum} must be in [0, 1)")
+    if not cfg.optim.muon_ns_steps < 100:  # torch.optim.Muon's own limit
+        raise BadInputError(f"optim.muon_ns_steps={cfg.optim.muon_ns_steps} must be below 100")
     layers = cfg.draft.init_layers
     if layers is not None and len(layers) != cfg.draft.num_hidden_layers:
         raise BadInputError(
@@ -270,6 +289,12 @@ def check(cfg: Any) -> None:
         raise BadInputError(f"draft.block_size must be >= 1, got {cfg.draft.block_size}")
     if cfg.draft.lora.r < 0:
         raise BadInputError("draft.lora.r must be >= 0 (0: no LoRA, every draft weight trains)")
+    if cfg.optim.name == "muon" and cfg.draft.lora.r > 0:
+        raise BadInputError(
+            "optim.name=muon with draft.lora.r > 0: LoRA factors train with AdamW "
+            "(dspark/training/muon.py), so Muon would train nothing; use optim.name=adamw, or "
+            "draft.lora.r=0 for a full fine-tune with Muon"
+        )
     if cfg.draft.markov_rank < 0:
         raise BadInputError("draft.markov_rank must be >= 0 (0 disables the Markov head)")
     if not 0.0 <= cfg.data.eval_fraction < 1.0:

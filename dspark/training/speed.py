@@ -34,7 +34,7 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
     objective = build_objective_for(cfg, target, draft.config)
     train_ds, _ = load_datasets(cfg, tokenizer, target, draft.config)
     loader = make_loader(train_ds, tokenizer, cfg, shuffle=False)
-    optimizer = build_optimizer(draft, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas)
+    optimizer = build_optimizer(draft, cfg.optim)
     mixed_precision = resolve_mixed_precision(cfg.trainer.mixed_precision, dev)
     autocast = torch.autocast(
         dev.type,
