@@ -45,7 +45,8 @@ def split_parameters(
     named: Iterable[tuple[str, torch.Tensor]],
 ) -> tuple[list[tuple[str, torch.Tensor]], list[tuple[str, torch.Tensor]]]:
     """(Muon's, AdamW's) trainable (name, parameter) pairs, in the model's order."""
-    muon, adamw = [], []
+    muon: list[tuple[str, torch.Tensor]] = []
+    adamw: list[tuple[str, torch.Tensor]] = []
     for name, p in named:
         if p.requires_grad:
             (muon if is_hidden_matrix(name, p) else adamw).append((name, p))
