@@ -59,3 +59,32 @@ def find_dir(name: str) -> Path:
         f"no {name}/ directory found (looked in {', '.join(str(c) for c in candidates)}); run "
         f"from the dspark checkout or set {env}=/path/to/dspark/{name}"
     )
+
+
+# The folder of the benchmark prompt sets (gsm8k.jsonl, mt-bench.jsonl, ...): read by the
+# benchmark (dspark/eval/prompts.py) and by the prompt sources that must never copy them
+# (dspark/data/prompt_filter.py), so it lives here, below both.
+BENCH_ENV = "DSPARK_BENCH_DIR"
+SHARED_BENCH = Path("shared") / "data" / "bench"
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout this package runs from
+
+
+def bench_dir_candidates() -> list[Path]:
+    """The implicit places, in search order: `../shared/data/bench` from the current directory,
+    then beside this checkout."""
+    return [Path.cwd().parent / SHARED_BENCH, REPO_ROOT.parent / SHARED_BENCH]
+
+
+def bench_dir_or_none(given: str | os.PathLike | None, label: str = "bench_dir") -> Path | None:
+    """`given` (named `label` in the error), else `$DSPARK_BENCH_DIR` (each must exist: a
+    `MissingPathError` otherwise), else the first existing `bench_dir_candidates()`, else None."""
+    for value, key in ((given, label), (os.environ.get(BENCH_ENV), BENCH_ENV)):
+        if value:
+            path = Path(value).expanduser()
+            if not path.is_dir():
+                raise MissingPathError(
+                    f"{key}={value}: no such directory; point it at the folder of the bench "
+                    "sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
+                )
+            return path
+    return next((p for p in bench_dir_candidates() if p.is_dir()), None)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+import dspark.paths
 from dspark.errors import MissingPathError
-from dspark.eval import prompts
 from dspark.eval.prompts import find_bench_dir, load_dataset, load_turns, render
 
 
@@ -50,7 +50,7 @@ def test_bench_dir_search_order(tmp_path, monkeypatch):
     """argument, then $DSPARK_BENCH_DIR, then ./../shared/data/bench, then beside the repo."""
     monkeypatch.delenv("DSPARK_BENCH_DIR", raising=False)
     beside_repo = tmp_path / "repo_parent" / "shared" / "data" / "bench"
-    monkeypatch.setattr(prompts, "REPO_ROOT", tmp_path / "repo_parent" / "repo")
+    monkeypatch.setattr(dspark.paths, "REPO_ROOT", tmp_path / "repo_parent" / "repo")
     cwd = tmp_path / "runs" / "checkout"
     cwd.mkdir(parents=True)
     monkeypatch.chdir(cwd)

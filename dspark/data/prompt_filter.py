@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.paths import bench_dir_or_none
 
 SHINGLE = 5
 NEAR_THRESHOLD = 0.7
@@ -250,29 +251,8 @@ def read_bench_texts(bench_dir: str | Path) -> list[tuple[str, str]]:
     return out
 
 
-BENCH_ENV = "DSPARK_BENCH_DIR"
-_SHARED_BENCH = Path("shared") / "data" / "bench"
-
-
 def find_bench_dir(given: str | None = None) -> Path | None:
     """The bench folder to check against: `given` (`--bench-dir`), else `$DSPARK_BENCH_DIR`
     (both must exist), else `../shared/data/bench` from the current directory or beside the
     checkout when one exists, else None (a fresh machine holds no bench sets to copy)."""
-    import os
-
-    for value, key in ((given, "--bench-dir"), (os.environ.get(BENCH_ENV), BENCH_ENV)):
-        if value:
-            path = Path(value).expanduser()
-            if not path.is_dir():
-                raise MissingPathError(
-                    f"{key} {value}: no such directory; point it at the folder of the bench "
-                    "sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
-                )
-            return path
-    for path in (
-        Path.cwd().parent / _SHARED_BENCH,
-        Path(__file__).resolve().parents[3] / _SHARED_BENCH,
-    ):
-        if path.is_dir():
-            return path
-    return None
+    return bench_dir_or_none(given, "--bench-dir")

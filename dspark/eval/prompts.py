@@ -16,42 +16,25 @@ An explicit folder (1, 2) must exist; otherwise the first of 3, 4 that exists is
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.paths import BENCH_ENV, bench_dir_candidates, bench_dir_or_none
 
 EMBEDDED = "embedded"  # the name of the project's own held-out prompt set in `datasets`
-REPO_ROOT = Path(__file__).resolve().parents[2]
-BENCH_ENV = "DSPARK_BENCH_DIR"
-SHARED_BENCH = Path("shared") / "data" / "bench"
-
-
-def bench_dir_candidates() -> list[Path]:
-    """The implicit places (3, 4 of the module docstring), in search order."""
-    return [Path.cwd().parent / SHARED_BENCH, REPO_ROOT.parent / SHARED_BENCH]
 
 
 def find_bench_dir(bench_dir: str | Path | None = None) -> Path:
-    """The bench-set folder by the search order of the module docstring, or a
-    `MissingPathError` that names `$DSPARK_BENCH_DIR` and the places searched."""
-    for given, source in ((bench_dir, "bench_dir"), (os.environ.get(BENCH_ENV), BENCH_ENV)):
-        if given:
-            path = Path(given).expanduser()
-            if not path.is_dir():
-                raise MissingPathError(
-                    f"{source}={given}: no such directory; point it at the folder of the bench "
-                    "sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
-                )
-            return path
-    candidates = bench_dir_candidates()
-    for path in candidates:
-        if path.is_dir():
-            return path
+    """The bench-set folder by the search order of the module docstring
+    (`dspark.paths.bench_dir_or_none`), or a `MissingPathError` that names
+    `$DSPARK_BENCH_DIR` and the places searched."""
+    path = bench_dir_or_none(bench_dir, "bench_dir")
+    if path is not None:
+        return path
     raise MissingPathError(
         "no bench-set folder found: set $DSPARK_BENCH_DIR (or bench_dir= / --bench-dir) to the "
         "folder of the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...); searched "
-        + ", ".join(str(p) for p in candidates)
+        + ", ".join(str(p) for p in bench_dir_candidates())
     )
 
 
