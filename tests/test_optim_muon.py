@@ -330,3 +330,60 @@ def test_the_distill_job_prints_one_error_line_for_a_bad_muon_value(tmp_path, ca
     assert lines == [
         "distill: error: optim.muon_ns_steps=0 is out of range: Muon's Newton-Schulz steps, >= 1"
     ]
+
+
+def test_newton_schulz_in_bf16_is_torchs_own_iteration_and_fp32_is_closer_to_exact():
+    from torch.optim._muon import _zeropower_via_newtonschulz as torch_ns
+
+    from dspark.training.muon import newton_schulz
+
+    torch.manual_seed(0)
+    for shape in ((6, 10), (10, 6)):  # wide, tall
+        g = torch.randn(*shape)
+        exact = _newton_schulz(g, 5)
+        ours_bf16 = newton_schulz(g, NS_COEFFICIENTS, 5, 1e-7, torch.bfloat16)
+        assert torch.equal(ours_bf16, torch_ns(g, NS_COEFFICIENTS, 5, 1e-7))
+        ours_fp32 = newton_schulz(g, NS_COEFFICIENTS, 5, 1e-7, torch.float32)
+        assert ours_fp32.dtype == torch.float32 and ours_fp32.shape == g.shape
+        err32 = float((ours_fp32.double() - exact).norm() / exact.norm())
+        err16 = float((ours_bf16.double() - exact).norm() / exact.norm())
+        assert err32 < 1e-5 < err16
+        # one step fewer is far from both: the comparison can fail
+        assert float((ours_fp32.double() - _newton_schulz(g, 4)).norm() / exact.norm()) > 1e-2
+
+
+def test_newton_schulz_runs_in_fp32_on_cpus_without_native_bf16(tmp_path):
+    from dspark.training.muon import newton_schulz_dtype
+
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor : 0\nflags : fpu sse2 avx avx2 fma\n")
+    amx = tmp_path / "amx"
+    amx.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_bf16 amx_bf16\n")
+    cpu = torch.device("cpu")
+    assert newton_schulz_dtype(cpu, str(avx2)) == torch.float32
+    assert newton_schulz_dtype(cpu, str(amx)) == torch.bfloat16
+    assert newton_schulz_dtype(torch.device("cuda"), str(avx2)) == torch.bfloat16
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.float32, torch.bfloat16])
+def test_a_muon_step_iterates_in_the_chosen_dtype(ns_dtype):
+    from dspark.training.muon import MuonWithAdamW
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(6, 10))
+    h = torch.nn.Parameter(torch.randn(3))
+    opt = MuonWithAdamW(
+        torch.optim.AdamW([h], lr=1e-3),
+        torch.optim.Muon([w], lr=0.02, momentum=0.95, weight_decay=0.1),
+        ns_dtype=ns_dtype,
+    )
+    before = w.detach().clone()
+    w.grad, h.grad = torch.randn_like(w), torch.randn_like(h)
+    want = _muon_reference([before], [w.grad.clone()], 0.02, 0.95, 0.1)
+    opt.step()
+    err = _step_error([before], [w.detach()], want)
+    # fp32: the float64 reference to rounding; bf16 (torch's own): within its 3%
+    assert err < (1e-4 if ns_dtype == torch.float32 else 0.03)
+    import torch.optim._muon as m
+
+    assert m._zeropower_via_newtonschulz.__module__ == "torch.optim._muon"  # restored
