@@ -42,11 +42,12 @@ QS_BENCH_PROMPTS ?= 12
 QS_BENCH_DTYPE ?= auto
 QS_VERIFY_LENGTH ?= auto
 QS_BASELINE_DTYPES ?= [float32,bfloat16]
-# The target's dtype in every step. bfloat16 pays on CPUs with AVX-512-BF16 / AMX (batched bf16
-# matmuls ~2-3x cheaper than fp32 on an AMX Xeon); on an AVX2-only CPU batched bf16 is ~3x
-# SLOWER than fp32 (docs/results.md): there run `make quickstart QS_DTYPE=float32`. Another
-# dtype gets its own data, cache and run directories (suffix _float32), never a bf16 one's.
-QS_DTYPE ?= bfloat16
+# The target's dtype in every step. auto: the one a short probe of the batched AR step (the
+# regeneration's, which is most of the job) measures fastest on this machine, cached per CPU:
+# bfloat16 on CPUs with AVX-512-BF16 / AMX (batched bf16 matmuls ~2-3x cheaper than fp32 on an
+# AMX Xeon), float32 on an AVX2-only CPU, where batched bf16 is ~3x slower (docs/results.md).
+# A dtype other than bfloat16 gets its own data, cache and run directories (suffix _float32).
+QS_DTYPE ?= auto
 QS_SUFFIX := $(if $(filter bfloat16,$(QS_DTYPE)),,_$(QS_DTYPE))
 QS_DATA := runs/data/embedded$(QS_SUFFIX)
 QS_RUN := runs/quickstart$(QS_SUFFIX)
@@ -61,6 +62,12 @@ QS_TEST_FEATS := $(QS_DATA)/test/features_$(QS_TEST_ROWS)x$(QS_ANSWER_TOKENS)
 CACHE := $(PY) data_scripts/cache_features.py --target embedded --target-dtype $(QS_DTYPE)
 
 quickstart: setup
+ifeq ($(QS_DTYPE),auto)
+	$(PY) data_scripts/prepare_target.py
+	@# one measured dtype for every step below, then the job in it
+	dtype=$$($(PY) -m dspark.dtype_probe --target embedded --batch-size 32) \
+		&& $(MAKE) --no-print-directory quickstart QS_DTYPE=$$dtype
+else
 	$(PY) data_scripts/prepare_target.py
 	$(REGEN) --split train --limit $(QS_TRAIN_ROWS) --output $(QS_DATA)/train
 	$(REGEN) --split test --limit $(QS_TEST_ROWS) --output $(QS_DATA)/test
@@ -86,6 +93,7 @@ quickstart: setup
 			--num-prompts $(QS_BENCH_PROMPTS) --max-new-tokens 96 --tune-prompts 4 \
 			--ours $(QS_RUN)/benchmark/results.json --output-dir $(QS_RUN)/llama_cpp; \
 	else echo "llama.cpp comparison skipped: pip install xllamacpp (or: pip install -e '.[llama-cpp]')"; fi
+endif
 
 # A draft that pays off (recipes/smollm2.yaml; figures: docs/results.md). Budget: <= 2 h on 2 cores.
 SM_DATA := runs/data/smollm2

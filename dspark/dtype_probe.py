@@ -296,3 +296,36 @@ def cast_to_fastest(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(decision, indent=2) + "\n")
     return decision
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m dspark.dtype_probe --target T [--job plain] [--batch-size B]`: print the dtype
+    the probe picks for a job without a draft, one word on stdout (its figures on stderr), so a
+    pipeline of several steps (the Makefile's quickstart) runs every step in the one measured
+    dtype. The probe is the one `--dtype auto` runs, cached the same way."""
+    import argparse
+
+    from dspark.errors import user_errors
+
+    p = argparse.ArgumentParser(prog="python -m dspark.dtype_probe", description=main.__doc__)
+    p.add_argument("--target", default="embedded", help="HF id, path or `embedded`")
+    p.add_argument("--job", default="plain", choices=("plain",), help="batched AR decoding")
+    p.add_argument("--batch-size", type=int, default=32, help="rows per step (regenerate's)")
+    p.add_argument("--num-threads", type=int, default=None, help="CPU threads (default: all)")
+    a = p.parse_args(argv)
+    if a.batch_size < 1:
+        p.error("--batch-size must be >= 1")
+    with user_errors():
+        from dspark.target import load_target
+
+        if a.num_threads:
+            torch.set_num_threads(a.num_threads)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, _ = load_target(a.target, dtype="float32", device=device)
+        decision = cast_to_fastest(model, job=a.job, batch=a.batch_size)
+        print(decision["dtype"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -204,3 +204,33 @@ def test_regeneration_and_feature_capture_pick_a_measured_dtype(tmp_path, tiny_t
     err = capsys.readouterr().err
     assert "dtype=auto:" in err and "for capture at batch 2" in err
     assert json.loads((cache / "manifest.json").read_text())["complete"]
+
+
+def test_the_command_line_probe_prints_the_measured_dtype(tmp_path, tiny_target_dir, capsys):
+    """`python -m dspark.dtype_probe` (the Makefile resolves QS_DTYPE=auto with it) prints the
+    dtype its cached profile makes fastest: rewriting the profile flips the answer."""
+    from dspark.dtype_probe import main
+
+    tiny_target_dir("llama")
+    argv = ["--target", "tiny-llama", "--batch-size", "2", "--num-threads", "1"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    first = out.strip()
+    assert first in ("float32", "bfloat16") and "dtype=auto:" in err
+    cached = [w for w in err.split() if w.endswith(".json)")][0].rstrip(")")
+    saved = json.loads(open(cached).read())
+    for fast, slow in (("float32", "bfloat16"), ("bfloat16", "float32")):
+        saved["profile"][fast]["t_ar"], saved["profile"][slow]["t_ar"] = 0.001, 0.002
+        with open(cached, "w") as f:
+            json.dump(saved, f)
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert out.strip() == fast and "(cached:" in err
+
+
+def test_the_command_line_probe_refuses_a_bad_batch(capsys):
+    from dspark.dtype_probe import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--batch-size", "0"])
+    assert e.value.code == 2 and "--batch-size must be >= 1" in capsys.readouterr().err
