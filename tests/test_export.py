@@ -293,7 +293,8 @@ def test_export_script_and_init_from(tiny_target, tmp_path):
 @pytest.mark.slow
 def test_speculators_package_loads_our_export(tmp_path):
     """Independent implementation: speculators 0.9 (separate venv, created when missing) holds
-    the same tensors and gives the same draft logits (eval/check_speculators.py)."""
+    the same tensors and gives the same draft logits (eval/check_speculators.py), for the full
+    vocabulary and a reduced one (its d2t maps its top-1 to our target ids)."""
     res = subprocess.run(
         [sys.executable, str(ROOT / "eval/check_speculators.py"), "--out", str(tmp_path)],
         capture_output=True,
@@ -302,4 +303,9 @@ def test_speculators_package_loads_our_export(tmp_path):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((tmp_path / "speculators_check.json").read_text())
-    assert summary["ok"] and len(summary["results"]) == 2
+    assert summary["ok"], summary
+    arms = {(r["arch"], r["vocab"]): r for r in summary["results"]}
+    assert set(arms) == {("qwen3", "full"), ("llama", "full"), ("qwen3", "reduced")}
+    red = arms[("qwen3", "reduced")]
+    assert red["draft_vocab_size"] < arms[("qwen3", "full")]["draft_vocab_size"]
+    assert red["same_target_top1"] and red["max_abs_diff"]["logits_vs_full_at_d2t"] < 1e-3
