@@ -80,7 +80,7 @@ def probe_key(target, *, batch: int, tokens: Sequence[int], taps: Sequence[int],
 
 
 def cache_path(key: dict) -> Path:
-    from dspark.target.loading import cache_root
+    from dspark.paths import cache_root
 
     draft = key["draft"]
     shape = (

@@ -185,7 +185,7 @@ def cache_path(
     draft_vocab_size: int | None = None,
 ) -> Path:
     """The profile's cache file; `draft_vocab_size`: K of a reduced draft (None: full V)."""
-    from dspark.target.loading import cache_root
+    from dspark.paths import cache_root
 
     key = f"{device_name(device)}__{Path(str(target_name)).name}__{dtype}__g{gamma}"
     if draft_vocab_size is not None:

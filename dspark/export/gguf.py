@@ -327,7 +327,7 @@ def write_gguf(
 
 def default_llama_cpp_dir() -> Path:
     """Where `fetch_reference` unpacks llama.cpp (under the dspark cache)."""
-    from dspark.target.loading import cache_root
+    from dspark.paths import cache_root
 
     return Path(cache_root()).joinpath(*LLAMA_CPP_DEFAULT)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.paths import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -29,11 +30,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 class TargetNotFoundError(MissingPathError):
     """A target spec that names nothing loadable; the message says how to fix it."""
-
-
-def cache_root() -> Path:
-    """dspark's cache (`$DSPARK_CACHE`, default `~/.cache/dspark`)."""
-    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark")).expanduser()
 
 
 def _offline() -> bool:
