@@ -45,7 +45,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from dspark.eval.calibrate import run, write_report
+    from dspark.calibration.report import write_report
+    from dspark.eval.calibrate import run
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -22,12 +22,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from dspark.calibration import metrics as cal
 from dspark.eval import baselines as hf
-from dspark.eval import calibration as cal
 from dspark.eval import fastest_plain as fp
 from dspark.eval.metrics import acceptance_stats, ratio, throughput
 from dspark.eval.prompts import load_dataset, render
 from dspark.machine import cpu_name
+from dspark.target.loading import eos_ids
 
 RESULTS_VERSION = 1
 
@@ -86,16 +87,6 @@ def resolve_device(name: str) -> torch.device:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def eos_ids(tokenizer, target) -> list[int]:
-    """End-of-sequence ids: the tokenizer's EOS plus the target's generation-config EOS."""
-    ids = []
-    for src in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
-        for t in src if isinstance(src, (list, tuple)) else [src]:
-            if t is not None and int(t) not in ids:
-                ids.append(int(t))
-    return ids
 
 
 def _strip_eos(tokens: list[int], eos: list[int]) -> list[int]:

@@ -146,6 +146,16 @@ def adapter_base(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
         ) from None
 
 
+def eos_ids(tokenizer, target) -> list[int]:
+    """End-of-sequence ids: the tokenizer's EOS plus the target's generation-config EOS."""
+    ids = []
+    for src in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
+        for t in src if isinstance(src, (list, tuple)) else [src]:
+            if t is not None and int(t) not in ids:
+                ids.append(int(t))
+    return ids
+
+
 def load_tokenizer(
     spec: str, cache_dir: str | os.PathLike | None = None
 ) -> PreTrainedTokenizerBase:
