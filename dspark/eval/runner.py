@@ -29,6 +29,7 @@ from dspark.eval.metrics import acceptance_stats, ratio, throughput
 from dspark.eval.prompts import load_dataset, render
 from dspark.machine import cpu_name
 from dspark.target.loading import eos_ids
+from dspark.timing import sync
 
 RESULTS_VERSION = 1
 
@@ -84,11 +85,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _strip_eos(tokens: list[int], eos: list[int]) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in eos else tokens
 
@@ -113,10 +109,10 @@ class Bench:
 
     # -- the calls being timed ---------------------------------------------------------------
     def _timed(self, fn):
-        _sync(self.device)
+        sync(self.device)
         start = time.perf_counter()
         out = fn()
-        _sync(self.device)
+        sync(self.device)
         return out, time.perf_counter() - start
 
     def _ours(self, method: str, prompts, seed: int, max_new_tokens: int, decoder=None):
