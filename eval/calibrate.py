@@ -13,10 +13,9 @@ directory).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 
 
 def main() -> None:
