@@ -14,8 +14,8 @@ from dspark.calibration.fit import fit_on_prompts, write_temperatures
 def run(args) -> dict:
     """`args`: draft, target, datasets, bench_dir, num_prompts, max_new_tokens, temperature,
     batch_size, bins, seed, device, dtype, write, output_dir (see eval/calibrate.py)."""
+    from dspark.eval.models import load_models
     from dspark.eval.prompts import load_dataset, render
-    from dspark.eval.runner import load_models
     from dspark.target.loading import eos_ids
 
     target, tokenizer, draft, spec = load_models(args)
