@@ -18,7 +18,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dspark"
 # part -> the parts it must never import (a part: a subpackage or a top-level module).
 HIGHER = {"cli", "eval", "training", "calibration", "export", "data", "objectives"}
 FORBIDDEN: dict[str, set[str]] = {
-    **{leaf: HIGHER | {"target", "modeling", "decoding"} for leaf in ("paths", "fileio", "timing", "from_target")},
+    **{
+        leaf: HIGHER | {"target", "modeling", "decoding"}
+        for leaf in ("paths", "fileio", "timing", "from_target")
+    },
     "machine": HIGHER | {"target", "modeling", "decoding"},
     "target": HIGHER | {"modeling", "decoding"},
     "modeling": HIGHER | {"decoding"},
