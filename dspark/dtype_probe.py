@@ -16,10 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-import statistics
-import time
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -35,20 +32,6 @@ def device_label(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_name()
-
-
-def _median(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
-    def timed() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t0
-
-    timed()  # warm-up: first-call allocations and kernel selection
-    return statistics.median([timed() for _ in range(repeats)])
 
 
 def _draft_signature(draft) -> dict | None:
@@ -80,7 +63,7 @@ def probe_key(target, *, batch: int, tokens: Sequence[int], taps: Sequence[int],
 
 
 def cache_path(key: dict) -> Path:
-    from dspark.target.loading import cache_root
+    from dspark.paths import cache_root
 
     draft = key["draft"]
     shape = (
@@ -106,66 +89,24 @@ def measure_one(
     repeats: int = 5,
 ) -> dict:
     """{"t_ar", "t_verify": {n: s}, "t_draft"} of `target` (and `draft`) as they are."""
-    from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
-    from dspark.decoding.draft_step import propose
-    from dspark.decoding.draft_vocab import DraftVocab
-    from dspark.decoding.target_step import TargetRunner
+    from dspark.decoding.round_cost import RoundBench
 
-    dev = next(target.parameters()).device
-    g = int(draft.config.block_size) if draft is not None else 0
-    taps = list(draft.config.target_layer_ids) if draft is not None else list(taps)
-    n_max = max([1, *tokens])
-    max_len = bucket(context_len + max(n_max, g) + 2, 64, 1 << 20)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    ids = torch.randint(0, target.config.vocab_size, (batch, context_len + n_max), generator=gen)
-    ids = ids.to(dev)  # [B, context + n_max]: the context, then the tokens each pass runs
-    pos = torch.arange(context_len + n_max, device=dev)[None].expand(batch, -1)
-    runner = TargetRunner(target, taps)
-    cache = TargetKVCache.for_model(target, batch, max_len)
-    ctx_ids, ctx_pos = ids[:, :context_len], pos[:, :context_len]
-    _, ctx_taps = runner.forward(
-        ctx_ids, ctx_pos, cache, bucket(context_len, 16, max_len), start=0, tapped=bool(taps)
+    bench = RoundBench(
+        target,
+        draft,
+        batch=batch,
+        context_len=context_len,
+        max_tokens=max([1, *tokens]),
+        taps=None if draft is not None else list(taps),
     )
-    kv_len = bucket(context_len + n_max + 1, 16, max_len)
-
-    def target_pass(n: int, tapped: bool):
-        # rewrites the same n slots after the context each call: the cache never grows
-        step = slice(context_len, context_len + n)
-        return runner.forward(
-            ids[:, step], pos[:, step], cache, kv_len, start=context_len, tapped=tapped
-        )
-
-    with torch.inference_mode():
-        out: dict = {"t_ar": _median(lambda: target_pass(1, False)[0].argmax(-1), repeats, dev)}
-        out["t_verify"] = {}
-        for n in tokens:  # [B, n] tokens a pass, tapped as a verify / capture pass is
-            out["t_verify"][int(n)] = _median(
-                partial(lambda k: target_pass(k, bool(taps))[0].argmax(-1), int(n)), repeats, dev
-            )
-        out["t_draft"] = None
-        if draft is not None:
-            ctx = DraftContextCache(batch, max_len)
-            ctx.write(draft.context_kv(draft.encode_context(ctx_taps), ctx_pos), ctx_pos, 0)
-            n_ctx = bucket(context_len, 16, max_len)
-            apos = torch.full((batch,), context_len, device=dev)
-            valid = torch.arange(max_len, device=dev)[None, :n_ctx] < apos[:, None]
-            anchor = ids[:, context_len]
-            mask_id = int(draft.config.mask_token_id)
-            vocab = DraftVocab.of(draft, dev)  # a reduced draft vocabulary, as the decoder
-            out["t_draft"] = _median(
-                lambda: propose(
-                    draft,
-                    anchor,
-                    apos,
-                    ctx.view(n_ctx),
-                    valid,
-                    gamma=g,
-                    mask_token_id=mask_id,
-                    vocab=vocab,
-                ),
-                repeats,
-                dev,
-            )
+    # [B, n] tokens a pass, tapped as a verify / capture pass is (no draft context written)
+    out: dict = {
+        "t_ar": bench.time_ar(repeats),
+        "t_verify": {
+            int(n): bench.time_verify(int(n), repeats, write_context=False) for n in tokens
+        },
+        "t_draft": bench.time_draft(repeats) if draft is not None else None,
+    }
     return out
 
 

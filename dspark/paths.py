@@ -23,6 +23,11 @@ from dspark.errors import MissingPathError
 ENV = {"conf": "DSPARK_CONF", "recipes": "DSPARK_RECIPES"}
 
 
+def cache_root() -> Path:
+    """dspark's cache (`$DSPARK_CACHE`, default `~/.cache/dspark`)."""
+    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark")).expanduser()
+
+
 def editable_checkout() -> Path | None:
     """The source directory of an editable `dspark` install, or None (wheel or not installed)."""
     from importlib import metadata

@@ -11,18 +11,16 @@ held-out metrics and decoder tau per set and temperature, with the conditions.
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-
-from dspark.errors import user_errors  # noqa: E402
-from dspark.eval.ablation import decoder_tau, render_table, training_summary  # noqa: E402
-from dspark.eval.prompts import load_dataset, render  # noqa: E402
-from dspark.modeling import DSparkDraftModel  # noqa: E402
-from dspark.target import load_target  # noqa: E402
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.errors import user_errors
+from dspark.eval.ablation import decoder_tau, render_table, training_summary
+from dspark.eval.prompts import load_dataset, render
+from dspark.modeling import DSparkDraftModel
+from dspark.target import load_target
 
 
 def label_of(run: Path) -> str:

@@ -9,15 +9,13 @@ prints the figures and writes them to runs/<recipe>/cache_speed.{json,md} (or --
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from hydra import compose, initialize_config_dir
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from dspark.training.cache_speed import measure_cache_speedup  # noqa: E402
-from dspark.training.schema import check, register_configs  # noqa: E402
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.training.cache_speed import measure_cache_speedup
+from dspark.training.schema import check, register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -13,10 +13,9 @@ directory).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 
 
 def main() -> None:
@@ -45,7 +44,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from dspark.eval.calibrate import run, write_report
+    from dspark.calibration.report import write_report
+    from dspark.eval.calibrate import run
 
     if args.threads:
         torch.set_num_threads(args.threads)

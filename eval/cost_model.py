@@ -11,16 +11,14 @@ Writes cost_model.json, cost_model.md and cost_model.png (time per pass vs token
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import torch  # noqa: E402
-
-from dspark.errors import user_errors  # noqa: E402
-from dspark.eval.cost_model import best_verify_length, break_even_tau, measure_costs  # noqa: E402
-from dspark.target import load_target  # noqa: E402
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.errors import user_errors
+from dspark.eval.cost_model import best_verify_length, break_even_tau, measure_costs
+from dspark.target import load_target
 
 
 def main() -> None:

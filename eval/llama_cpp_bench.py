@@ -14,12 +14,10 @@ Needs `pip install xllamacpp`, or a native `llama-server` passed with --server-b
 """
 
 import argparse
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from dspark.errors import BadInputError, user_errors  # noqa: E402
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.errors import BadInputError, user_errors
 
 
 def parse(argv=None):

@@ -14,10 +14,9 @@ plots to --out; rerunning with the same conditions resumes. Library: dspark/eval
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 
 KNOWN_DRAFTS = ("runs/smollm2/draft", "runs/quickstart/draft")  # relative to the cwd
 

@@ -70,7 +70,7 @@ def train(name: str, out: Path, args, *overrides) -> dict:
 
 def trainable(draft_dir: str, lora_r: int) -> int:
     from dspark.export import load_draft
-    from dspark.training.lora import apply_lora
+    from dspark.modeling.lora import apply_lora
 
     d = load_draft(draft_dir).train()
     if lora_r:

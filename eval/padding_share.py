@@ -15,12 +15,10 @@ Writes runs/padding_share/padding_share.{json,md}.
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from dspark.data.packing import padding_stats, row_lengths  # noqa: E402
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.data.packing import padding_stats, row_lengths
 
 TRAIN_MIX = "../shared/data/prompts/train_mix.jsonl"  # relative to the checkout root
 

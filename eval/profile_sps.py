@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 
 
 def main() -> None:
@@ -44,12 +43,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     draft = None
     if args.draft:
-        from dspark.eval.runner import load_models
+        from dspark.eval.models import load_models
 
         args.draft = str(args.draft)
         target, _, draft, spec = load_models(args)
     else:
-        from dspark.eval.runner import resolve_device
+        from dspark.eval.models import resolve_device
         from dspark.target.loading import _as_dtype, load_target
 
         spec = args.target or "embedded"

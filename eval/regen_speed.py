@@ -20,16 +20,14 @@ import os
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
 
-import torch  # noqa: E402
-
-from dspark.data.cli import make_local_backend  # noqa: E402
-from dspark.data.regenerate import SamplingConfig  # noqa: E402
-from dspark.data.sources import load_prompts  # noqa: E402
-from dspark.machine import cpu_name  # noqa: E402
-from dspark.target import load_target  # noqa: E402
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.data.cli import make_local_backend
+from dspark.data.regenerate import SamplingConfig
+from dspark.data.sources import load_prompts
+from dspark.machine import cpu_name
+from dspark.target import load_target
 
 
 def measure(backend, convs, chunk: int, sampling) -> dict:

@@ -13,17 +13,15 @@ regenerated answers (step time depends on lengths only). Writes runs/<recipe>/tr
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
-
-from dspark.errors import user_errors  # noqa: E402
-from dspark.training.schema import check, register_configs  # noqa: E402
-from dspark.training.speed import measure_step_cost  # noqa: E402
+import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.errors import user_errors
+from dspark.training.schema import check, register_configs
+from dspark.training.speed import measure_step_cost
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 

@@ -1,11 +1,14 @@
 """Small builders shared by test modules (fixtures live in conftest.py)."""
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import torch
 
 from dspark.config import DSparkConfig, choose_mask_token_id
+from dspark.export.gguf import default_llama_cpp_dir
 from dspark.modeling import DSparkDraftModel
 
 
@@ -52,3 +55,32 @@ def losses(out_dir):
     """{step: train/loss} of a run's metrics.jsonl."""
     rows = [json.loads(x) for x in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+
+# -- llama.cpp's own converter (tests/test_export_gguf.py, tests/test_llama_cpp_engine.py) --
+# resolved at import, before conftest points DSPARK_CACHE at the session's private cache
+REFERENCE = Path(os.environ.get("DSPARK_LLAMA_CPP_DIR") or default_llama_cpp_dir())
+FETCH = f"{sys.executable} data_scripts/fetch_llama_cpp.py (or set DSPARK_LLAMA_CPP_DIR)"
+
+# The converter picks `tokenizer.ggml.pre` by hashing how the tokenizer splits a fixed text,
+# and knows only published vocabularies' hashes; a tiny target's 384-token vocabulary has
+# none. Its pre-tokenizer is GPT-2's ByteLevel regex, llama.cpp's "gpt-2", so the run below
+# answers that one look-up and leaves the rest of the converter as it is.
+CONVERT = """import runpy, sys
+ref = sys.argv.pop(1)
+sys.path.insert(0, ref)
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv[0] = ref + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def random_draft(target, tok, arch, **kw):
+    kw.setdefault("block_size", 4)
+    draft = make_draft(target, tok, num_hidden_layers=2, target_name_or_path=f"tiny-{arch}", **kw)
+    with torch.no_grad():  # trained-looking weights (ones / zeros would hide swapped tensors)
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn_like(p))
+    return draft.eval()

@@ -117,7 +117,7 @@ def test_draft_for_another_target_is_refused(
 
 
 def test_same_dimensions_other_target_warns(tiny_target, capsys):
-    from dspark.eval.runner import check_draft_fits_target
+    from dspark.eval.models import check_draft_fits_target
 
     qwen, tok = tiny_target("qwen3")
     llama, _ = tiny_target("llama")

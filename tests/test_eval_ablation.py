@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_training import debug_cfg, debug_data  # noqa: F401  (fixture)
+from helpers import debug_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from helpers import make_draft
 
+from dspark.calibration import metrics as cal
+from dspark.calibration.fit import write_temperatures
 from dspark.config import DSparkConfig
 from dspark.decoding import SpeculativeDecoder
-from dspark.eval import calibration as cal
-from dspark.eval.calibrate import write_temperatures
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from dspark.eval import calibration as cal
+from dspark.calibration import metrics as cal
 
 
 def _ece_loop(p, y, n_bins):

@@ -14,44 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import make_draft
+from helpers import CONVERT, FETCH, REFERENCE, random_draft
 
 from dspark.errors import BadInputError
 from dspark.export import export_draft
-from dspark.export.gguf import default_llama_cpp_dir, write_gguf
+from dspark.export.gguf import write_gguf
 
 gguf = pytest.importorskip("gguf")
 ROOT = Path(__file__).resolve().parents[1]
-# resolved at import, before conftest points DSPARK_CACHE at the session's private cache
-REFERENCE = Path(os.environ.get("DSPARK_LLAMA_CPP_DIR") or default_llama_cpp_dir())
-FETCH = f"{sys.executable} data_scripts/fetch_llama_cpp.py (or set DSPARK_LLAMA_CPP_DIR)"
-
-# The converter picks `tokenizer.ggml.pre` by hashing how the tokenizer splits a fixed text,
-# and knows only published vocabularies' hashes; a tiny target's 384-token vocabulary has
-# none. Its pre-tokenizer is GPT-2's ByteLevel regex, llama.cpp's "gpt-2", so the run below
-# answers that one look-up and leaves the rest of the converter as it is.
-CONVERT = """import runpy, sys
-ref = sys.argv.pop(1)
-sys.path.insert(0, ref)
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv[0] = ref + "/convert_hf_to_gguf.py"
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 # Keys allowed to differ: general.name is provenance (the converter derives it from the
 # directory name, or leaves it out); the GGUF.* entries are the reader's header counts,
 # compared through the tensor and key sets themselves.
 IGNORED = {"general.name", "GGUF.kv_count", "GGUF.tensor_count"}
-
-
-def random_draft(target, tok, arch, **kw):
-    kw.setdefault("block_size", 4)
-    draft = make_draft(target, tok, num_hidden_layers=2, target_name_or_path=f"tiny-{arch}", **kw)
-    with torch.no_grad():  # trained-looking weights (ones / zeros would hide swapped tensors)
-        for p in draft.parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn_like(p))
-    return draft.eval()
 
 
 def reference_gguf(export_dir: Path, target_dir: Path, out: Path, outtype: str) -> Path:

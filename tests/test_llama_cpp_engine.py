@@ -92,7 +92,7 @@ def test_llama_cpp_serves_our_gguf_draft_losslessly(tiny_target, tiny_target_dir
     import subprocess
     import sys
 
-    from test_export_gguf import CONVERT, FETCH, REFERENCE, random_draft
+    from helpers import CONVERT, FETCH, REFERENCE, random_draft
 
     from dspark.eval.llama_cpp import decode_all, open_engine
     from dspark.export.gguf import write_gguf

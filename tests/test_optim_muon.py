@@ -56,7 +56,7 @@ def test_hidden_matrices_go_to_muon_and_the_rest_to_adamw(tiny_target):
 
 
 def test_lora_factors_train_with_adamw_so_muon_is_refused(tiny_target, tmp_path):
-    from dspark.training.lora import apply_lora
+    from dspark.modeling.lora import apply_lora
     from dspark.training.muon import split_parameters
 
     target, tok = tiny_target("llama")

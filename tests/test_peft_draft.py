@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import debug_cfg, make_draft
 
-from dspark.training.lora import apply_lora, has_lora, merged_copy
+from dspark.modeling.lora import apply_lora, has_lora, merged_copy
 
 MODULES = ["q_proj", "v_proj", "down_proj"]
 

@@ -96,13 +96,3 @@ def test_kill_and_resume_reproduces_the_uninterrupted_losses(tmp_path, debug_dat
     split = losses(tmp_path / "split")
     for s in range(1, 9):
         assert split[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-6), (s, split, whole)
-
-
-def __getattr__(name):
-    """`from test_training import debug_data` (tests/test_eval_ablation.py): the fixture lives
-    in conftest.py now; this keeps that import working until the module takes it from there."""
-    if name == "debug_data":
-        from conftest import debug_data
-
-        return debug_data
-    raise AttributeError(name)

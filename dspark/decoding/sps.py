@@ -10,7 +10,7 @@ Profiles are cached per device, target and dtype under `$DSPARK_CACHE/sps/` (JSO
 writes), and per draft vocabulary size when the draft's is reduced (its round scores K rows,
 not V, so a full draft's round times would overprice it); `eval/profile_sps.py` profiles and
 plots one. `draft_weight_bytes(draft)` sizes the weights one draft round reads, for a
-`Roofline`. Measured step = target forward with the
+`Roofline`. Measured step (`dspark.decoding.round_cost`) = target forward with the
 tapped features and logits of every position, the argmax the verifier takes, and the draft's
 `context_kv` of the new features: what one verify round costs besides drafting and host
 bookkeeping.
@@ -18,7 +18,6 @@ bookkeeping.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
@@ -185,17 +184,12 @@ def cache_path(
     draft_vocab_size: int | None = None,
 ) -> Path:
     """The profile's cache file; `draft_vocab_size`: K of a reduced draft (None: full V)."""
-    from dspark.target.loading import cache_root
+    from dspark.paths import cache_root
 
     key = f"{device_name(device)}__{Path(str(target_name)).name}__{dtype}__g{gamma}"
     if draft_vocab_size is not None:
         key += f"__dv{int(draft_vocab_size)}"
     return cache_root() / "sps" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", key) + ".json")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
@@ -212,53 +206,26 @@ def measure(
 ) -> SPSProfile:
     """Time verify passes `[r, w]` over a static cache holding `context_len` positions (and the
     draft round at each r when `draft` is given); the median of `reps` after one warm-up."""
-    from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
-    from dspark.decoding.draft_step import propose
-    from dspark.decoding.target_step import TargetRunner
+    from dspark.decoding.round_cost import RoundBench
 
     if gamma is None:
         gamma = int(draft.config.block_size) if draft is not None else 7
     rows = rows or default_rows()
     widths = widths or default_widths(gamma)
-    taps = list(draft.config.target_layer_ids) if draft is not None else []
-    runner = TargetRunner(target, taps)
     device = next(target.parameters()).device
     times, draft_times = [], []
     for r in rows:
-        max_len = context_len + max(widths) + gamma + 2
-        cache = TargetKVCache.for_model(target, r, bucket(max_len, 64, 1 << 30))
-        ctx_cache = DraftContextCache(r, cache.max_len) if draft is not None else None
+        bench = RoundBench(
+            target, draft, batch=r, context_len=context_len, max_tokens=max(widths), gamma=gamma
+        )
         row_times = []
         for w in widths:
-            ids = torch.randint(0, target.config.vocab_size - 1, (r, w), device=device)
-            pos = context_len + torch.arange(w, device=device)[None].expand(r, w)
-            kv_len = bucket(context_len + w, 16, cache.max_len)
-
-            step = functools.partial(
-                _verify_step, runner, draft, ids, pos, cache, ctx_cache, kv_len, context_len
-            )
-            row_times.append(_median_time(step, reps, device))
+            row_times.append(bench.time_verify(w, reps))
             if progress:
                 progress(f"verify [{r} x {w}]: {1e3 * row_times[-1]:.1f} ms")
         times.append(row_times)
         if draft is not None:
-            assert ctx_cache is not None  # made above whenever there is a draft
-            anchor = torch.randint(0, target.config.vocab_size - 1, (r,), device=device)
-            apos = torch.full((r,), context_len, device=device)
-            ctx_len = bucket(context_len, 16, cache.max_len)
-            valid = torch.arange(ctx_len, device=device)[None, :] < apos[:, None]
-
-            dstep = functools.partial(
-                propose,
-                draft,
-                anchor,
-                apos,
-                ctx_cache.view(ctx_len),
-                valid,
-                gamma=gamma,
-                mask_token_id=int(draft.config.mask_token_id),
-            )
-            draft_times.append(_median_time(dstep, reps, device))
+            draft_times.append(bench.time_draft(reps))
             if progress:
                 progress(f"draft round [{r}]: {1e3 * draft_times[-1]:.1f} ms")
     # cost never falls with more rows or tokens: a lower median is timing noise (shared CPUs)
@@ -305,25 +272,6 @@ def draft_weight_bytes(draft) -> int:
         for p in m.parameters(recurse=False)
     }
     return sum(p.numel() * p.element_size() for p in draft.parameters() if id(p) not in gathered)
-
-
-def _verify_step(runner, draft, ids, pos, cache, ctx_cache, kv_len: int, start: int) -> None:
-    logits, feats = runner.forward(ids, pos, cache, kv_len, start=start, tapped=draft is not None)
-    logits.argmax(-1)
-    if draft is not None:
-        ctx_cache.write(draft.context_kv(draft.encode_context(feats), pos), pos, start=start)
-
-
-def _median_time(fn, reps: int, device) -> float:
-    fn()  # warm-up (allocations, kernels)
-    out = []
-    for _ in range(max(1, reps)):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        out.append(time.perf_counter() - t0)
-    return sorted(out)[len(out) // 2]
 
 
 def load_or_measure(

@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from dspark.timing import sync
+
 BASELINES = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 
 
@@ -41,11 +43,6 @@ def truncated_self_draft(target, num_layers: int):
     return draft.eval().requires_grad_(False)
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.inference_mode()
 def hf_generate(
     model, prompt: list[int], max_new_tokens: int, eos_token_id, pad_token_id, **kwargs
@@ -53,7 +50,7 @@ def hf_generate(
     """Greedy `model.generate` on one prompt; returns (new tokens, wall seconds)."""
     device = model.device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     out = model.generate(
         ids,
@@ -67,7 +64,7 @@ def hf_generate(
         pad_token_id=pad_token_id,
         **kwargs,
     )
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - start
     new = out[0, ids.shape[1] :].tolist()
     return _until_eos(new, eos_token_id), seconds

@@ -1,7 +1,7 @@
 """The decoder's cost model on the actual device: what a speculative round costs against a
 plain AR step, and so which tau a draft needs before it pays off.
 
-Measured with the decoder's own parts (`TargetRunner`, static caches, `propose`) at batch 1
+Measured with the decoder's own parts (`dspark.decoding.round_cost.RoundBench`) at batch 1
 over a context of `context_len` tokens:
 - `t_ar`: one plain AR step (1 token, logits, argmax);
 - `t_verify[n]`: one target pass over n = L + 1 tokens (anchor + L drafts) with the tapped
@@ -17,8 +17,6 @@ L that maximises that speedup.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Sequence
 
 import torch
@@ -29,17 +27,6 @@ from dspark.dtype_choice import expected_tokens
 
 __all__ = ["best_verify_length", "break_even_tau", "expected_tokens", "measure_costs", "speedup"]
 from dspark.modeling import DSparkDraftModel
-
-
-def _median_time(fn, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def measure_costs(
@@ -64,65 +51,25 @@ def measure_costs(
         )
         torch.manual_seed(0)
         drafts[n_layers] = DSparkDraftModel.from_target(target, cfg).eval()
-    with torch.inference_mode():
-        return _measure(
-            target, drafts, block_size, context_len, repeats, mask_token_id, markov_rank
-        )
+    return _measure(target, drafts, block_size, context_len, repeats, markov_rank)
 
 
-def _measure(target, drafts, block_size, context_len, repeats, mask_token_id, markov_rank) -> dict:
-    from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
-    from dspark.decoding.draft_step import propose
-    from dspark.decoding.target_step import TargetRunner
+def _measure(target, drafts, block_size, context_len, repeats, markov_rank) -> dict:
+    from dspark.decoding.round_cost import RoundBench
 
-    dev = next(target.parameters()).device
     g = int(block_size)
-    max_len = bucket(context_len + g + 2, 64, 1 << 20)
-    torch.manual_seed(0)
-    ids = torch.randint(0, target.config.vocab_size, (1, context_len), device=dev)
-    pos = torch.arange(context_len, device=dev)[None]
-    d_any = next(iter(drafts.values()))
-    runner = TargetRunner(target, d_any.config.target_layer_ids)
-    cache = TargetKVCache.for_model(target, 1, max_len)
-    _, taps = runner.forward(
-        ids, pos, cache, bucket(context_len, 16, max_len), start=0, tapped=True
+    bench = RoundBench(
+        target, next(iter(drafts.values())), context_len=context_len, max_tokens=g + 1, gamma=g
     )
-    kv_len = bucket(context_len + g + 1, 16, max_len)
-
-    def target_pass(n: int, tapped: bool):
-        step_ids = ids[:, :n]
-        step_pos = pos[:, :n] + context_len
-        return runner.forward(step_ids, step_pos, cache, kv_len, start=context_len, tapped=tapped)
-
-    out: dict = {"t_ar": _median_time(lambda: target_pass(1, False)[0].argmax(-1), repeats)}
-
-    def verify(n: int):
-        logits, t = target_pass(n, True)
-        logits.argmax(-1)
-        ctx_any.write(
-            d_any.context_kv(d_any.encode_context(t), pos[:, :n] + context_len), pos[:, :n], 0
-        )
-
-    ctx_any = DraftContextCache(1, max_len)
-    out["t_verify"] = {n: _median_time(lambda n=n: verify(n), repeats) for n in range(1, g + 2)}
-    out["t_draft"] = {}
-    anchor = ids[:, -1]
-    apos = torch.tensor([context_len], device=dev)
-    slots = torch.arange(max_len, device=dev)
-    for n_layers, d in drafts.items():
-        ctx = DraftContextCache(1, max_len)
-        ctx.write(d.context_kv(d.encode_context(taps), pos), pos, 0)
-        n_ctx = bucket(context_len, 16, max_len)
-        valid = slots[None, :n_ctx] < apos[:, None]
-
-        def draft_round(d=d, ctx=ctx, valid=valid, n_ctx=n_ctx):
-            propose(d, anchor, apos, ctx.view(n_ctx), valid, gamma=g, mask_token_id=mask_token_id)
-
-        out["t_draft"][n_layers] = _median_time(draft_round, repeats)
+    out: dict = {"t_ar": bench.time_ar(repeats, warmup=2)}
+    out["t_verify"] = {n: bench.time_verify(n, repeats, warmup=2) for n in range(1, g + 2)}
+    out["t_draft"] = {
+        n_layers: bench.time_draft(repeats, d, warmup=2) for n_layers, d in drafts.items()
+    }
     out["conditions"] = {
         "target": getattr(target.config, "_name_or_path", "") or target.config.model_type,
         "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
-        "device": str(dev),
+        "device": str(bench.device),
         "threads": torch.get_num_threads(),
         "batch": 1,
         "context_len": context_len,

@@ -17,10 +17,7 @@ import time
 
 import torch
 
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from dspark.timing import sync
 
 
 def copy_bandwidth(device: torch.device, mbytes: int = 512, iters: int = 10) -> float:

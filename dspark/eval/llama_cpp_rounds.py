@@ -13,9 +13,9 @@ def decoder_rounds(draft_dir, target_spec: str, prompt_sets, max_new_tokens: int
     and what was decoded. The acceptance side of `llama_cpp_flags`."""
     import torch
 
+    from dspark.calibration.fit import collect
     from dspark.decoding import SpeculativeDecoder
     from dspark.eval import llama_cpp_flags as flags
-    from dspark.eval.calibrate import collect
     from dspark.export.load import load_draft
     from dspark.target import load_target
 

@@ -327,8 +327,7 @@ def run_from_args(args, draft_path: str | None, policies: list[str]) -> tuple[di
 
     from dspark.decoding.sps import SPSProfile, default_rows, load_or_measure
     from dspark.eval.prompts import load_dataset, render
-    from dspark.eval.runner import eos_ids
-    from dspark.target.loading import _as_dtype, load_target
+    from dspark.target.loading import _as_dtype, eos_ids, load_target
 
     target, tokenizer = load_target(args.target, dtype=_as_dtype(args.dtype))
     draft, kind = load_draft(draft_path, target, tokenizer, args.target)

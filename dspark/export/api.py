@@ -224,7 +224,7 @@ def export_draft(
         from dspark.export.load import load_draft
 
         draft = load_draft(draft)
-    from dspark.training.lora import has_lora, merged_copy
+    from dspark.modeling.lora import has_lora, merged_copy
 
     if has_lora(draft):  # LoRA-fine-tuned in memory: export the merged weights
         draft = merged_copy(draft)

@@ -156,7 +156,7 @@ def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
         from dspark.export.load import load_draft
 
         model = load_draft(Path(draft).expanduser())  # names the file of a bad directory
-    from dspark.training.lora import has_lora, merged_copy
+    from dspark.modeling.lora import has_lora, merged_copy
 
     if has_lora(model):  # LoRA-fine-tuned in memory: the merged weights
         model = merged_copy(model)
@@ -327,7 +327,7 @@ def write_gguf(
 
 def default_llama_cpp_dir() -> Path:
     """Where `fetch_reference` unpacks llama.cpp (under the dspark cache)."""
-    from dspark.target.loading import cache_root
+    from dspark.paths import cache_root
 
     return Path(cache_root()).joinpath(*LLAMA_CPP_DEFAULT)
 

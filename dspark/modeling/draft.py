@@ -217,7 +217,7 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         return (model, info) if want_info else model  # type: ignore[return-value]  # transformers' tuple form
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
-        from dspark.training.lora import has_lora, merged_copy
+        from dspark.modeling.lora import has_lora, merged_copy
 
         if has_lora(self):  # LoRA fine-tuning: a saved draft is always the merged serving layout
             kwargs.pop("state_dict", None)

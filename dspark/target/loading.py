@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.paths import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -29,11 +30,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 class TargetNotFoundError(MissingPathError):
     """A target spec that names nothing loadable; the message says how to fix it."""
-
-
-def cache_root() -> Path:
-    """dspark's cache (`$DSPARK_CACHE`, default `~/.cache/dspark`)."""
-    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark")).expanduser()
 
 
 def _offline() -> bool:
@@ -148,6 +144,16 @@ def adapter_base(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
             f"the base model of the PEFT adapter {p} ({base!r}, from {cfg_file}) cannot be "
             f"found: {e} Fix base_model_name_or_path in {cfg_file}, or make the base available."
         ) from None
+
+
+def eos_ids(tokenizer, target) -> list[int]:
+    """End-of-sequence ids: the tokenizer's EOS plus the target's generation-config EOS."""
+    ids = []
+    for src in (tokenizer.eos_token_id, getattr(target.generation_config, "eos_token_id", None)):
+        for t in src if isinstance(src, (list, tuple)) else [src]:
+            if t is not None and int(t) not in ids:
+                ids.append(int(t))
+    return ids
 
 
 def load_tokenizer(

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from dspark.errors import MissingPackageError, MissingPathError
-from dspark.target.loading import EMBEDDED_TARGET, cache_root
+from dspark.paths import cache_root
+from dspark.target.loading import EMBEDDED_TARGET
 
 if TYPE_CHECKING:
     from transformers import BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase

@@ -78,7 +78,7 @@ def build_draft(
             warm_start_from_target(draft, target, d.init_layers, calib)
     lora = getattr(d, "lora", None)
     if lora is not None and lora.r > 0:
-        from dspark.training.lora import apply_lora
+        from dspark.modeling.lora import apply_lora
 
         apply_lora(draft, lora.r, lora.alpha, lora.target_modules, lora.dropout)
     draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)

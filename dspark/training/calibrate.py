@@ -3,7 +3,7 @@
 The published draft decodes the first `calibrate_prompts` held-out conversations' prompts
 (each row's tokens before its first supervised one) with full-block verification and raw
 confidences, fits Sequential Temperature Scaling on the even-indexed requests and scores the
-odd-indexed ones before/after (`dspark/eval/calibration.py`), then writes the temperatures into
+odd-indexed ones before/after (`dspark/calibration/`), then writes the temperatures into
 the draft's `config.json` (`confidence_temperatures`: the decoder applies them, export carries
 them) and `calibration.{json,md}` + `calibration_reliability.png` beside it. The same fit as
 `eval/calibrate.py`, on the run's own held-out split instead of benchmark-style prompt sets.
@@ -48,8 +48,9 @@ def calibrate_published(
 
     Returns `{"skipped": reason}` when there is nothing to fit (no confidence head, no
     verified drafts), so a run never fails at its very end over calibration."""
-    from dspark.eval.calibrate import fit_on_prompts, write_report, write_temperatures
-    from dspark.eval.runner import eos_ids
+    from dspark.calibration.fit import fit_on_prompts, write_temperatures
+    from dspark.calibration.report import write_report
+    from dspark.target.loading import eos_ids
 
     if getattr(draft, "confidence_head", None) is None:
         return {"skipped": "the draft has no confidence head"}

@@ -64,7 +64,7 @@ def _calibration_lines(out: Path, cal: dict | None) -> list[str]:
         return []
     if "skipped" in cal:
         return ["", f"Confidence calibration (STS) skipped: {cal['skipped']}."]
-    from dspark.eval.calibrate import summary_table
+    from dspark.calibration.report import summary_table
 
     c = cal["conditions"]
     png = Path(cal["written_to"]).parent / "calibration_reliability.png"

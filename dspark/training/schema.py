@@ -30,7 +30,7 @@ class TargetConfig:
 
 @dataclass
 class LoraSettings:
-    """LoRA fine-tuning of an existing draft (training/lora.py); merged whenever it is saved.
+    """LoRA fine-tuning of an existing draft (modeling/lora.py); merged whenever it is saved.
     `r=0` (the default) trains every draft weight instead (full fine-tuning)."""
 
     r: int = 0

@@ -11,15 +11,11 @@ import time
 import torch
 
 from dspark.objectives import LocalReducer
+from dspark.timing import sync
 from dspark.training.build import build_draft, build_objective_for, load_datasets, make_loader
 from dspark.training.loop import peak_memory_mb
 from dspark.training.optim import build_optimizer
 from dspark.training.precision import resolve_mixed_precision
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None = None) -> dict:
@@ -48,11 +44,11 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
             break
     fwd, step, step_cpu, tokens, padded, losses = [], [], [], [], [], []
     for i, batch in enumerate(batches):
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         with torch.no_grad():
             objective.features(batch)
-        _sync(dev)
+        sync(dev)
         t1, c1 = time.perf_counter(), time.process_time()
         with autocast:
             loss, _ = objective.step(draft, batch, LocalReducer())
@@ -61,7 +57,7 @@ def measure_step_cost(cfg, steps: int = 6, warmup: int = 2, device: str | None =
         torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _sync(dev)
+        sync(dev)
         t2, c2 = time.perf_counter(), time.process_time()
         if i >= warmup:
             fwd.append(t1 - t0)
