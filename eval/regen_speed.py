@@ -26,8 +26,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from dspark.data.cli import make_local_backend  # noqa: E402
-from dspark.data.regenerate import SamplingConfig  # noqa: E402
-from dspark.data.sources import load_prompts  # noqa: E402
+from dspark.data.prompts.sources import load_prompts  # noqa: E402
+from dspark.data.regeneration.regenerate import SamplingConfig  # noqa: E402
 from dspark.machine import cpu_name  # noqa: E402
 from dspark.target import load_target  # noqa: E402
 

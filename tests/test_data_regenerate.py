@@ -6,9 +6,10 @@ import threading
 
 import pytest
 
-from dspark.data.decoder_backend import DecoderBackend
-from dspark.data.openai_backend import OpenAIBackend
-from dspark.data.regenerate import (
+from dspark.data.prompts.sources import normalize_rows
+from dspark.data.regeneration.decoder_backend import DecoderBackend
+from dspark.data.regeneration.openai_backend import OpenAIBackend
+from dspark.data.regeneration.regenerate import (
     FAILURES,
     OUTPUT,
     SUMMARY,
@@ -17,7 +18,6 @@ from dspark.data.regenerate import (
     regenerate,
     row_seed,
 )
-from dspark.data.sources import normalize_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

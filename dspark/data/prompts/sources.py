@@ -355,7 +355,7 @@ def load_prompts(
     """Load and normalise a prompt source.
 
     `source` is `embedded` (the stdlib-built default set, `split` train|test), a named preset
-    (`dspark.data.presets`: sharegpt, ultrachat, magpie, opencodeinstruct, math, gsm8k; or
+    (`dspark.data.prompts.presets`: sharegpt, ultrachat, magpie, opencodeinstruct, math, gsm8k; or
     `NAME=PATH` for a local copy of one), a local
     .json/.jsonl/.parquet/.arrow/.csv file, a `save_to_disk` directory, a data directory,
     or a hub dataset name (needs network, or the HF datasets cache when offline).
@@ -366,10 +366,10 @@ def load_prompts(
     # Without a filter only the first skip + limit rows are read (a prefix of a big set).
     prefix = None if sel.where or sel.limit is None else sel.skip + sel.limit
     if source == "embedded":
-        from dspark.data.embedded import embedded_prompts
+        from dspark.data.prompts.embedded import embedded_prompts
 
         return normalize_rows(embedded_prompts(split), source=f"embedded:{split}", selection=sel)
-    from dspark.data.presets import load_preset_dataset, parse_preset
+    from dspark.data.prompts.presets import load_preset_dataset, parse_preset
 
     preset = parse_preset(source)  # a named public set: `ultrachat`, or `ultrachat=/local/copy`
     if preset is not None:

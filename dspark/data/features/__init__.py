@@ -1,0 +1,1 @@
+"""Offline target features: layout, cache writer, reader."""

@@ -1,0 +1,1 @@
+"""Regeneration: the target answers (or writes) prompts, resumably."""
