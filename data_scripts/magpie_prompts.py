@@ -88,7 +88,7 @@ def main(argv=None) -> int:
             magpie_settings,
             pre_query_template,
         )
-        from dspark.data.regeneration.regenerate import SamplingConfig
+        from dspark.data.regeneration.sampling import SamplingConfig
         from dspark.target import load_target, load_tokenizer
 
         require_output_dir(a.output)

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from dspark.data.cli import make_local_backend  # noqa: E402
 from dspark.data.prompts.sources import load_prompts  # noqa: E402
-from dspark.data.regeneration.regenerate import SamplingConfig  # noqa: E402
+from dspark.data.regeneration.sampling import SamplingConfig  # noqa: E402
 from dspark.machine import cpu_name  # noqa: E402
 from dspark.target import load_target  # noqa: E402
 

@@ -6,17 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.data.prompts.sources import normalize_rows
+from dspark.data.prompts.prompt_set import normalize_rows
 from dspark.data.regeneration.decoder_backend import DecoderBackend
-from dspark.data.regeneration.regenerate import (
-    FAILURES,
-    OUTPUT,
-    GenerationFailed,
-    HFBackend,
-    SamplingConfig,
-    regenerate,
-    row_seed,
-)
+from dspark.data.regeneration.hf_backend import HFBackend
+from dspark.data.regeneration.regenerate import regenerate
+from dspark.data.regeneration.run_files import FAILURES, OUTPUT
+from dspark.data.regeneration.sampling import GenerationFailed, SamplingConfig, row_seed
 
 CONVS = [
     [{"role": "user", "content": text}]

@@ -33,7 +33,7 @@ from dspark.data.regeneration.magpie import (
     read_samples,
     select_prompts,
 )
-from dspark.data.regeneration.regenerate import SamplingConfig
+from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.errors import BadInputError
 
 pytestmark = pytest.mark.usefixtures("one_thread")

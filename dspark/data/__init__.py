@@ -1,4 +1,11 @@
-"""The data pipeline: prompt sources, the embedded default set, regeneration, tokenization.
+"""The data pipeline, one subpackage per stage, each importing only earlier ones:
+
+- `prompts/`: prompt sources and sets (files, hub presets, the named public sets, the
+  embedded default), normalised to `messages`, and the filters on generated prompts;
+- `regeneration/`: the target answers them (backends, the resumable loop, Magpie prompts);
+- `tokenize.py`, `masks.py`: chat-template tokens and loss masks; `collate.py`, `packing.py`:
+  batches; `outputs.py`: the output-directory checks every stage shares;
+- `features/`: the offline target-feature cache; `draft_vocab.py`: the reduced vocabulary.
 
 Public API (what the training loop and scripts use):
 - `load_prompts(source, split="train", limit=None) -> PromptSet` (rows `{"index", "messages"}`
@@ -20,17 +27,17 @@ import importlib
 
 _EXPORTS = {
     "load_prompts": "prompts.sources",
-    "normalize_row": "prompts.sources",
-    "normalize_rows": "prompts.sources",
-    "PromptSet": "prompts.sources",
-    "MalformedRow": "prompts.sources",
+    "normalize_row": "prompts.rows",
+    "normalize_rows": "prompts.prompt_set",
+    "PromptSet": "prompts.prompt_set",
+    "MalformedRow": "prompts.rows",
     "embedded_prompts": "prompts.embedded",
     "regenerate": "regeneration.regenerate",
-    "SamplingConfig": "regeneration.regenerate",
-    "HFBackend": "regeneration.regenerate",
+    "SamplingConfig": "regeneration.sampling",
+    "HFBackend": "regeneration.hf_backend",
     "OpenAIBackend": "regeneration.openai_backend",
     "DecoderBackend": "regeneration.decoder_backend",
-    "row_seed": "regeneration.regenerate",
+    "row_seed": "regeneration.sampling",
     "assistant_mask": "masks",
     "check_loss_masks": "masks",
     "LossMaskError": "masks",

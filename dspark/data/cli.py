@@ -165,13 +165,11 @@ def regenerate_main(argv=None) -> int:
 
     import torch
 
-    from dspark.data.prompts.sources import RowSelection, load_prompts, require_rows
-    from dspark.data.regeneration.regenerate import (
-        SamplingConfig,
-        check_output,
-        regenerate,
-        run_settings,
-    )
+    from dspark.data.prompts.prompt_set import RowSelection, require_rows
+    from dspark.data.prompts.sources import load_prompts
+    from dspark.data.regeneration.regenerate import regenerate
+    from dspark.data.regeneration.run_files import check_output, run_settings
+    from dspark.data.regeneration.sampling import SamplingConfig
     from dspark.data.tokenize import check_tokenized_output
 
     if a.num_threads:
@@ -279,7 +277,7 @@ def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, b
 
         return DecoderBackend(model, tokenizer, chat_template_kwargs, batch_size=batch_size)
     if name == "hf":
-        from dspark.data.regeneration.regenerate import HFBackend
+        from dspark.data.regeneration.hf_backend import HFBackend
 
         return HFBackend(model, tokenizer, chat_template_kwargs=chat_template_kwargs)
     raise ValueError(f"unknown regeneration backend {name!r}; use decoder or hf")

@@ -187,7 +187,8 @@ def regenerate_if_missing(cfg, target, tokenizer) -> None:
     )
     from dspark.data.prompts.sources import load_prompts
     from dspark.data.regeneration.decoder_backend import DecoderBackend
-    from dspark.data.regeneration.regenerate import SamplingConfig, regenerate
+    from dspark.data.regeneration.regenerate import regenerate
+    from dspark.data.regeneration.sampling import SamplingConfig
     from dspark.data.tokenize import tokenize_file
 
     prompts = load_prompts(d.prompts, split="train", limit=d.prompts_limit)

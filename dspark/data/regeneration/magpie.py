@@ -39,7 +39,7 @@ from dspark.data.prompts.prompt_filter import (
     normalize,
     shingles,
 )
-from dspark.data.regeneration.regenerate import SamplingConfig
+from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.errors import BadInputError
 from dspark.fileio import write_text_atomic
 
