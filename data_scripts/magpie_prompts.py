@@ -10,7 +10,7 @@ message (T 1, top-p 0.95 by default) until its end-of-turn token, on dspark's ba
 (`--batch-size` rows at a time). Each row's text depends only on its seed; rerun the same
 command (or a larger --num) to continue after a kill. Junk, duplicates (exact and word
 5-gram Jaccard >= --near-threshold) and any prompt that copies a bench prompt (--bench-dir,
-$DSPARK_BENCH_DIR, or ../shared/data/bench when it exists) are rejected and counted in
+$DSPARK_BENCH_DIR, or the data folder beside the checkout) are rejected and counted in
 summary.json. See dspark/data/regeneration/magpie.py for the files written.
 """
 
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         bench = BenchOverlap(read_bench_texts(bench_dir), a.near_threshold) if bench_dir else None
         if bench is None:
             print(
-                "note: no bench folder (--bench-dir, $DSPARK_BENCH_DIR, ../shared/data/bench); "
+                "note: no bench folder (--bench-dir or $DSPARK_BENCH_DIR); "
                 "the prompts are not checked against bench sets",
                 file=sys.stderr,
             )

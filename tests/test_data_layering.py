@@ -108,6 +108,7 @@ def test_presets_are_plain_data():
     """The presets module names sets; loading them is the sources' job."""
     found = imports(DATA / "prompts" / "presets.py")
     assert not {m for m in found if m.startswith("dspark.data")}, found
+    assert not imports(DATA / "prompts" / "public_sets.py")
 
 
 def test_no_file_in_data_past_400_lines():

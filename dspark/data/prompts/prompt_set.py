@@ -128,7 +128,7 @@ def normalize_rows(
     if missing:
         raise BadInputError(
             f"--where {missing[0]}=...: no row of {source} has a field {missing[0]!r}; "
-            "use a field its rows have (e.g. `source` in ../shared/data/prompts/train_mix.jsonl)"
+            "use a field its rows have (e.g. `source` in the train_mix prompt set)"
         )
     return out
 

@@ -1,8 +1,9 @@
 """The loader behind every `--input` / `data.prompts`: one name or path to a `PromptSet`.
 
 `load_prompts(source)` takes `embedded` (the stdlib-built default set), a named preset of
-`presets.PRESETS` (or `NAME=PATH`, a local copy of one), a local file or dataset dir, or a
-hub dataset name, and normalises its rows (`rows`, `prompt_set`).
+`presets.PRESETS` (or `NAME=PATH`, a local copy of one), a named public set of
+`presets.PUBLIC_SETS` (the training prompt sets, local folder first, then the hub), a local
+file or dataset dir, or a hub dataset name, and normalises its rows (`rows`, `prompt_set`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from dspark.data.prompts.presets import Preset, parse_preset
 from dspark.data.prompts.prompt_set import PromptSet, RowSelection, normalize_rows
+from dspark.data.prompts.public_sets import TRAIN_MIX, TRAIN_SETS
 from dspark.data.prompts.readers import load_raw_dataset, read_json, read_jsonl_lines
 from dspark.errors import BadInputError, UserError
 
@@ -61,7 +63,9 @@ def load_prompts(
 
     `source` is `embedded` (the stdlib-built default set, `split` train|test), a named preset
     (`dspark.data.prompts.presets`: sharegpt, ultrachat, magpie, opencodeinstruct, math, gsm8k; or
-    `NAME=PATH` for a local copy of one), a local
+    `NAME=PATH` for a local copy of one), a public training set by name (`gsm8k-train`,
+    `self-instruct-seed`: a local copy in `$DSPARK_PROMPTS_DIR` first, then the hub;
+    `train_mix`: local only; `dspark.data.prompts.named_sets`), a local
     .json/.jsonl/.parquet/.arrow/.csv file, a `save_to_disk` directory, a data directory,
     or a hub dataset name (needs network, or the HF datasets cache when offline).
     `limit` keeps the first `limit` source rows (rejected ones included in the count);
@@ -74,6 +78,8 @@ def load_prompts(
         from dspark.data.prompts.embedded import embedded_prompts
 
         return normalize_rows(embedded_prompts(split), source=f"embedded:{split}", selection=sel)
+    if source in TRAIN_SETS + (TRAIN_MIX,) and not Path(source).exists():
+        return _load_named(source, split, sel)
     preset = parse_preset(source)  # a named public set: `ultrachat`, or `ultrachat=/local/copy`
     if preset is not None:
         ds = load_preset_dataset(*preset, split=split)
@@ -115,3 +121,15 @@ def load_prompts(
             ) from e
         raise
 
+
+def _load_named(name: str, split: str, sel: RowSelection) -> PromptSet:
+    """A public training set by name (`named_sets.load_named_set`: local copy, else the hub)."""
+    from dspark.data.prompts.named_sets import load_named_set
+
+    if split != "train":
+        raise BadInputError(
+            f"prompt set {name!r} has only a train split (got {split!r}); hold out part of it "
+            "with data.eval_fraction, or evaluate on a bench set"
+        )
+    named = load_named_set(name)
+    return normalize_rows(named.rows, source=f"public:{name} ({named.origin})", selection=sel)
