@@ -224,10 +224,13 @@ def test_the_real_offline_hub_gives_the_error_and_the_script_exits_2(
     tmp_path, monkeypatch, capsys, no_sibling_data
 ):
     """`datasets` itself, offline (HF_DATASETS_OFFLINE=1) and without a cached copy."""
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty_cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    import datasets
+
+    # `datasets` reads these at import: set them where it looks, so a machine that has the
+    # set cached still sees an empty cache, offline.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty_cache")
     from dspark.cli import regenerate
 
     with pytest.raises(SystemExit) as e:
