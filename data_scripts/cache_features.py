@@ -8,15 +8,15 @@
 
 Prints the size estimate first and refuses to start when the disk lacks room. Resumable: rerun
 the same command after a kill; finished shards are kept as they are. Format and what
-`--positions loss` keeps: dspark/data/feature_cache.py.
+`--positions loss` keeps: dspark/data/features/feature_cache.py.
 """
 
 import argparse
 import json
 import sys
 
-from dspark.data import feature_cache as fc
 from dspark.data.cli import TARGET_DTYPES, check_device
+from dspark.data.features import feature_cache as fc
 from dspark.errors import user_errors
 
 # --target-dtype auto times a tapped forward of this many tokens per row (rows are ~100-500)

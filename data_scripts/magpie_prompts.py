@@ -10,8 +10,8 @@ message (T 1, top-p 0.95 by default) until its end-of-turn token, on dspark's ba
 (`--batch-size` rows at a time). Each row's text depends only on its seed; rerun the same
 command (or a larger --num) to continue after a kill. Junk, duplicates (exact and word
 5-gram Jaccard >= --near-threshold) and any prompt that copies a bench prompt (--bench-dir,
-$DSPARK_BENCH_DIR, or ../shared/data/bench when it exists) are rejected and counted in
-summary.json. See dspark/data/magpie.py for the files written.
+$DSPARK_BENCH_DIR, or the data folder beside the checkout) are rejected and counted in
+summary.json. See dspark/data/regeneration/magpie.py for the files written.
 """
 
 from __future__ import annotations
@@ -78,17 +78,17 @@ def main(argv=None) -> int:
         check(a)
         import torch
 
-        from dspark.data.decoder_backend import DecoderBackend
-        from dspark.data.magpie import (
+        from dspark.data.outputs import require_output_dir
+        from dspark.data.prompts.prompt_filter import BenchOverlap, find_bench_dir, read_bench_texts
+        from dspark.data.regeneration.decoder_backend import DecoderBackend
+        from dspark.data.regeneration.magpie import (
             Filters,
             check_run,
             generate_prompts,
             magpie_settings,
             pre_query_template,
         )
-        from dspark.data.outputs import require_output_dir
-        from dspark.data.prompt_filter import BenchOverlap, find_bench_dir, read_bench_texts
-        from dspark.data.regenerate import SamplingConfig
+        from dspark.data.regeneration.sampling import SamplingConfig
         from dspark.target import load_target, load_tokenizer
 
         require_output_dir(a.output)
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         bench = BenchOverlap(read_bench_texts(bench_dir), a.near_threshold) if bench_dir else None
         if bench is None:
             print(
-                "note: no bench folder (--bench-dir, $DSPARK_BENCH_DIR, ../shared/data/bench); "
+                "note: no bench folder (--bench-dir or $DSPARK_BENCH_DIR); "
                 "the prompts are not checked against bench sets",
                 file=sys.stderr,
             )

@@ -8,7 +8,7 @@ per batch, 32, grouped by prompt length), `--backend hf` (HF generate, the fallb
 `--server URL` (vLLM / SGLang via the openai client). Rerun the same command to resume after
 a kill. `--dtype auto` times the batched AR step in float32 and bfloat16 at `--batch-size`
 (cached per CPU and target, dspark/dtype_probe.py) and regenerates in the faster, recorded in
-`dtype_choice.json`. See dspark/data/regenerate.py.
+`dtype_choice.json`. See dspark/data/regeneration/regenerate.py.
 Console script: `dspark-regenerate` (dspark/cli.py).
 """
 

@@ -26,8 +26,8 @@ TRAIN_MIX = "../shared/data/prompts/train_mix.jsonl"  # relative to the checkout
 def prompt_lengths(source: str, tokenizer, answer_tokens: int) -> tuple[list[int], int]:
     """Token counts of the source's conversations rendered with the chat template, every user
     turn answered by a fixed answer; returns (lengths, tokens of that answer)."""
-    from dspark.data.fixed_answers import filler_answer, with_fixed_answers
-    from dspark.data.sources import load_prompts
+    from dspark.data.prompts.fixed_answers import filler_answer, with_fixed_answers
+    from dspark.data.prompts.sources import load_prompts
 
     answer, n_answer = filler_answer(tokenizer, answer_tokens)
     rows = with_fixed_answers(load_prompts(source, split="train").rows, answer)

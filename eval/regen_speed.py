@@ -24,8 +24,8 @@ import torch
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 from dspark.data.cli import make_local_backend
-from dspark.data.regenerate import SamplingConfig
-from dspark.data.sources import load_prompts
+from dspark.data.prompts.sources import load_prompts
+from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.machine import cpu_name
 from dspark.target import load_target
 

@@ -30,8 +30,8 @@ def fixed_answer_set(cfg, answer_tokens: int, out: Path) -> str:
     """A tokenized set of the recipe's prompts with filler answers (built once, then reused)."""
     path = out / f"fixed_answers_{answer_tokens}"
     if not path.exists():
-        from dspark.data.fixed_answers import filler_answer, with_fixed_answers
-        from dspark.data.sources import load_prompts
+        from dspark.data.prompts.fixed_answers import filler_answer, with_fixed_answers
+        from dspark.data.prompts.sources import load_prompts
         from dspark.data.tokenize import tokenize_rows
         from dspark.target import load_tokenizer
 

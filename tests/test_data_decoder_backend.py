@@ -6,17 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.data.decoder_backend import DecoderBackend
-from dspark.data.regenerate import (
-    FAILURES,
-    OUTPUT,
-    GenerationFailed,
-    HFBackend,
-    SamplingConfig,
-    regenerate,
-    row_seed,
-)
-from dspark.data.sources import normalize_rows
+from dspark.data.prompts.prompt_set import normalize_rows
+from dspark.data.regeneration.decoder_backend import DecoderBackend
+from dspark.data.regeneration.hf_backend import HFBackend
+from dspark.data.regeneration.regenerate import regenerate
+from dspark.data.regeneration.run_files import FAILURES, OUTPUT
+from dspark.data.regeneration.sampling import GenerationFailed, SamplingConfig, row_seed
 
 CONVS = [
     [{"role": "user", "content": text}]
@@ -125,7 +120,7 @@ def test_too_long_prompt_fails_only_its_row(tiny_target, tmp_path):
 @pytest.mark.slow
 def test_smollm2_greedy_equals_hf_generate():
     """The embedded target (SmolLM2-135M-Instruct), four embedded prompts, one batch."""
-    from dspark.data.sources import load_prompts
+    from dspark.data.prompts.sources import load_prompts
     from dspark.target import TargetNotFoundError, load_target, resolve_target
 
     user_cache = Path.home() / ".cache" / "dspark"  # conftest points DSPARK_CACHE elsewhere

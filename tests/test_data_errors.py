@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dspark import cli
-from dspark.data.regenerate import OUTPUT, REJECTED, RUN, SUMMARY
-from dspark.data.sources import load_prompts
+from dspark.data.prompts.sources import load_prompts
+from dspark.data.regeneration.run_files import OUTPUT, REJECTED, RUN, SUMMARY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -255,7 +255,7 @@ def test_a_rerun_with_the_same_settings_still_resumes_and_retokenizes(regenerate
 
 
 def test_a_run_that_kept_reasoning_is_not_resumed_without_it(tmp_path):
-    from dspark.data.regenerate import check_output
+    from dspark.data.regeneration.run_files import check_output
 
     settings = {"source": "s", "sampling": {"temperature": 0.0}, "target": "t"}
     (tmp_path / RUN).write_text(json.dumps({**settings, "keep_reasoning": True}))

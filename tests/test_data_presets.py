@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from dspark.data.presets import PRESETS, PresetUnavailable, describe, parse_preset
-from dspark.data.sources import load_prompts
+from dspark.data.prompts.presets import PRESETS, describe, parse_preset
+from dspark.data.prompts.sources import PresetUnavailable, load_prompts
 
 
 def test_the_presets_drafts_are_trained_on_exist():

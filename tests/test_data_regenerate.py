@@ -6,18 +6,13 @@ import threading
 
 import pytest
 
-from dspark.data.decoder_backend import DecoderBackend
-from dspark.data.openai_backend import OpenAIBackend
-from dspark.data.regenerate import (
-    FAILURES,
-    OUTPUT,
-    SUMMARY,
-    HFBackend,
-    SamplingConfig,
-    regenerate,
-    row_seed,
-)
-from dspark.data.sources import normalize_rows
+from dspark.data.prompts.prompt_set import normalize_rows
+from dspark.data.regeneration.decoder_backend import DecoderBackend
+from dspark.data.regeneration.hf_backend import HFBackend
+from dspark.data.regeneration.openai_backend import OpenAIBackend
+from dspark.data.regeneration.regenerate import regenerate
+from dspark.data.regeneration.run_files import FAILURES, OUTPUT, SUMMARY
+from dspark.data.regeneration.sampling import SamplingConfig, row_seed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from dspark.data.embedded import embedded_prompts
-from dspark.data.sources import MalformedRow, load_prompts, normalize_row
+from dspark.data.prompts.embedded import embedded_prompts
+from dspark.data.prompts.rows import MalformedRow, normalize_row
+from dspark.data.prompts.sources import load_prompts
 
 U, A, S = "user", "assistant", "system"
 
@@ -154,7 +155,7 @@ def test_embedded_prompts_same_in_a_fresh_process():
     import subprocess
     import sys
 
-    code = "from dspark.data.embedded import embedded_fingerprint as f;print(f('train'), f('test'))"
+    code = "from dspark.data.prompts.embedded import embedded_fingerprint as f;print(f('train'), f('test'))"
     runs = [
         subprocess.run(
             [sys.executable, "-c", code],
@@ -177,7 +178,7 @@ def test_missing_files_are_named_not_sent_to_the_hub(source):
 
 
 def test_row_selection_skips_filters_and_keeps_source_row_numbers(tmp_path):
-    from dspark.data.sources import RowSelection
+    from dspark.data.prompts.prompt_set import RowSelection
     from dspark.errors import BadInputError
 
     src = ["gsm8k-train", "t0:x", "gsm8k-train", "t0:y", "gsm8k-train", "gsm8k-train"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers import make_draft
 
-from dspark.data import feature_cache as fc
 from dspark.data.collate import PadCollator
-from dspark.data.feature_dataset import ROW_COLUMN, CachedFeatureDataset, FeatureCache
+from dspark.data.features import feature_cache as fc
+from dspark.data.features.feature_dataset import ROW_COLUMN, CachedFeatureDataset, FeatureCache
 from dspark.objectives import DSparkObjective
 from dspark.target.capture import BatchFeatures, OnlineTargetCapture
 

@@ -1,4 +1,4 @@
-"""Prompts the target writes itself (dspark/data/magpie.py, prompt_filter.py): the pre-query
+"""Prompts the target writes itself (dspark/data/regeneration/magpie.py, prompt_filter.py): the pre-query
 template of each template family, per-row seeding, kill-and-resume, filters and deduplication
 worked by hand, the bench-overlap check on real bench prompts, and that the output is a prompt
 source regeneration reads."""
@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from dspark.data.magpie import (
+from dspark.data.prompts.prompt_filter import (
+    BenchOverlap,
+    NearDuplicateIndex,
+    jaccard,
+    junk_reason,
+    read_bench_texts,
+    shingles,
+)
+from dspark.data.regeneration.magpie import (
     PROMPTS,
     REJECTED,
     SAMPLES,
@@ -25,15 +33,7 @@ from dspark.data.magpie import (
     read_samples,
     select_prompts,
 )
-from dspark.data.prompt_filter import (
-    BenchOverlap,
-    NearDuplicateIndex,
-    jaccard,
-    junk_reason,
-    read_bench_texts,
-    shingles,
-)
-from dspark.data.regenerate import SamplingConfig
+from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.errors import BadInputError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -101,13 +101,13 @@ def test_pre_query_template_refuses_what_it_cannot_derive(tiny_target, template,
 
 
 def backend_of(model, tok, batch_size=4):
-    from dspark.data.decoder_backend import DecoderBackend
+    from dspark.data.regeneration.decoder_backend import DecoderBackend
 
     return DecoderBackend(model, tok, batch_size=batch_size)
 
 
 def test_a_rows_text_depends_on_its_seed_only(tiny_target):
-    from dspark.data.magpie import sample_messages
+    from dspark.data.regeneration.magpie import sample_messages
 
     model, tok = tiny_target("qwen3")
     be, pre = backend_of(model, tok), pre_query_template(tok)
@@ -319,7 +319,7 @@ class ScriptedBackend:
 
 
 def test_output_is_a_prompt_source_regeneration_reads(tiny_target, tmp_path):
-    from dspark.data.sources import load_prompts
+    from dspark.data.prompts.sources import load_prompts
 
     _, tok = tiny_target("qwen3")
     pre = pre_query_template(tok)

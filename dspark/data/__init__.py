@@ -1,4 +1,11 @@
-"""The data pipeline: prompt sources, the embedded default set, regeneration, tokenization.
+"""The data pipeline, one subpackage per stage, each importing only earlier ones:
+
+- `prompts/`: prompt sources and sets (files, hub presets, the named public sets, the
+  embedded default), normalised to `messages`, and the filters on generated prompts;
+- `regeneration/`: the target answers them (backends, the resumable loop, Magpie prompts);
+- `tokenize.py`, `masks.py`: chat-template tokens and loss masks; `collate.py`, `packing.py`:
+  batches; `outputs.py`: the output-directory checks every stage shares;
+- `features/`: the offline target-feature cache; `draft_vocab.py`: the reduced vocabulary.
 
 Public API (what the training loop and scripts use):
 - `load_prompts(source, split="train", limit=None) -> PromptSet` (rows `{"index", "messages"}`
@@ -19,18 +26,18 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "load_prompts": "sources",
-    "normalize_row": "sources",
-    "normalize_rows": "sources",
-    "PromptSet": "sources",
-    "MalformedRow": "sources",
-    "embedded_prompts": "embedded",
-    "regenerate": "regenerate",
-    "SamplingConfig": "regenerate",
-    "HFBackend": "regenerate",
-    "OpenAIBackend": "openai_backend",
-    "DecoderBackend": "decoder_backend",
-    "row_seed": "regenerate",
+    "load_prompts": "prompts.sources",
+    "normalize_row": "prompts.rows",
+    "normalize_rows": "prompts.prompt_set",
+    "PromptSet": "prompts.prompt_set",
+    "MalformedRow": "prompts.rows",
+    "embedded_prompts": "prompts.embedded",
+    "regenerate": "regeneration.regenerate",
+    "SamplingConfig": "regeneration.sampling",
+    "HFBackend": "regeneration.hf_backend",
+    "OpenAIBackend": "regeneration.openai_backend",
+    "DecoderBackend": "regeneration.decoder_backend",
+    "row_seed": "regeneration.sampling",
     "assistant_mask": "masks",
     "check_loss_masks": "masks",
     "LossMaskError": "masks",

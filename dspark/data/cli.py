@@ -165,8 +165,11 @@ def regenerate_main(argv=None) -> int:
 
     import torch
 
-    from dspark.data.regenerate import SamplingConfig, check_output, regenerate, run_settings
-    from dspark.data.sources import RowSelection, load_prompts, require_rows
+    from dspark.data.prompts.prompt_set import RowSelection, require_rows
+    from dspark.data.prompts.sources import load_prompts
+    from dspark.data.regeneration.regenerate import regenerate
+    from dspark.data.regeneration.run_files import check_output, run_settings
+    from dspark.data.regeneration.sampling import SamplingConfig
     from dspark.data.tokenize import check_tokenized_output
 
     if a.num_threads:
@@ -200,7 +203,7 @@ def regenerate_main(argv=None) -> int:
     if batch < 1 or chunk < 1:
         p.error("--batch-size and --chunk-rows must be >= 1")
     if a.server:
-        from dspark.data.openai_backend import OpenAIBackend
+        from dspark.data.regeneration.openai_backend import OpenAIBackend
 
         backend = OpenAIBackend(
             a.server,
@@ -270,11 +273,11 @@ def settings_of(a: argparse.Namespace, generator: str) -> dict:
 def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, batch_size=32):
     """`decoder` (dspark's static-cache batched decoder) or `hf` (batched HF generate)."""
     if name == "decoder":
-        from dspark.data.decoder_backend import DecoderBackend
+        from dspark.data.regeneration.decoder_backend import DecoderBackend
 
         return DecoderBackend(model, tokenizer, chat_template_kwargs, batch_size=batch_size)
     if name == "hf":
-        from dspark.data.regenerate import HFBackend
+        from dspark.data.regeneration.hf_backend import HFBackend
 
         return HFBackend(model, tokenizer, chat_template_kwargs=chat_template_kwargs)
     raise ValueError(f"unknown regeneration backend {name!r}; use decoder or hf")

@@ -77,7 +77,7 @@ def write_draft_vocab(
     """`<data_dir>/draft_vocab_<k>.json` (or `out_path`): `{"ids": [...], "coverage": share,
     ...}`. Several tokenized sets (a list) are counted together; give them an `out_path` of
     their own (default: beside the first)."""
-    from dspark.data.feature_cache import dataset_hash
+    from dspark.data.features.feature_cache import dataset_hash
 
     if isinstance(data_dir, (list, tuple)):
         dirs = [Path(d) for d in data_dir]

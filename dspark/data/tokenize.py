@@ -207,7 +207,8 @@ def tokenize_file(
 
     `input_path` may join several sources with commas: their rows are tokenized into one set,
     in that order (one set is what a feature cache and `data.features` take)."""
-    from dspark.data.sources import load_prompts, require_rows, write_rejected
+    from dspark.data.prompts.prompt_set import require_rows, write_rejected
+    from dspark.data.prompts.sources import load_prompts
 
     sources = [p.strip() for p in str(input_path).split(",") if p.strip()]
     if not sources:

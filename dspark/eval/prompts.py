@@ -71,7 +71,7 @@ def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
 
 def load_embedded(limit: int | None = None) -> list[list[str]]:
     """The project's embedded default prompt set, held-out (test) split, as turn lists."""
-    from dspark.data.embedded import embedded_prompts
+    from dspark.data.prompts.embedded import embedded_prompts
 
     rows = embedded_prompts(split="test", n=limit)
     return [_as_turns(row) for row in rows]

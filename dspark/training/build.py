@@ -185,9 +185,10 @@ def regenerate_if_missing(cfg, target, tokenizer) -> None:
         f"target into {out}, then tokenizing it into {train}",
         flush=True,
     )
-    from dspark.data.decoder_backend import DecoderBackend
-    from dspark.data.regenerate import SamplingConfig, regenerate
-    from dspark.data.sources import load_prompts
+    from dspark.data.prompts.sources import load_prompts
+    from dspark.data.regeneration.decoder_backend import DecoderBackend
+    from dspark.data.regeneration.regenerate import regenerate
+    from dspark.data.regeneration.sampling import SamplingConfig
     from dspark.data.tokenize import tokenize_file
 
     prompts = load_prompts(d.prompts, split="train", limit=d.prompts_limit)
@@ -211,8 +212,8 @@ def regenerate_if_missing(cfg, target, tokenizer) -> None:
 def open_feature_caches(cfg, target, draft_config):
     """`(train_cache, eval_cache)` of `data.features` / `data.eval_features` (None when unset),
     each checked against this run's target, the draft's tapped layers and its tokenized set."""
-    from dspark.data.feature_cache import target_identity
-    from dspark.data.feature_dataset import FeatureCache
+    from dspark.data.features.feature_cache import target_identity
+    from dspark.data.features.feature_dataset import FeatureCache
 
     d = cfg.data
     if target is None or draft_config is None:
@@ -285,7 +286,7 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
     cached `tapped` / `final_hidden` (checked against `target` and `draft_config`)."""
     from datasets import load_from_disk
 
-    from dspark.data.feature_dataset import ROW_COLUMN, CachedFeatureDataset
+    from dspark.data.features.feature_dataset import ROW_COLUMN, CachedFeatureDataset
 
     cached = bool(cfg.data.get("features"))
 

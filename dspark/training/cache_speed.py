@@ -27,7 +27,7 @@ def measure_cache_speedup(
     cache_batch_size: int = 8,
 ) -> dict:
     """Cache `cfg.data.train` for `cfg.target`, then train `epochs` online and on the cache."""
-    from dspark.data import feature_cache as fc
+    from dspark.data.features import feature_cache as fc
     from dspark.target import load_target
     from dspark.training import loop
 

@@ -90,7 +90,7 @@ def choose_draft_vocab(cfg, vocab_size: int) -> DraftVocabChoice | None:
     if k is None:
         return None
     from dspark.data.draft_vocab import write_draft_vocab
-    from dspark.data.feature_cache import dataset_hash
+    from dspark.data.features.feature_cache import dataset_hash
     from dspark.modeling.vocab_map import mapping_from_ids
 
     dirs = train_dirs(cfg)

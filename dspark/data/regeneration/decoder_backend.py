@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.data.regenerate import (
+from dspark.data.regeneration.sampling import (
     GenerationFailed,
     Reply,
     SamplingConfig,

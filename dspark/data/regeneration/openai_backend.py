@@ -13,7 +13,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dspark.data.regenerate import GenerationFailed, Reply, SamplingConfig
+from dspark.data.regeneration.sampling import GenerationFailed, Reply, SamplingConfig
 
 
 class OpenAIBackend:

@@ -1,4 +1,4 @@
-"""What a feature cache stores per row and how big it is (see `dspark.data.feature_cache`).
+"""What a feature cache stores per row and how big it is (see `dspark.data.features.feature_cache`).
 
 `stored_positions` is the `positions` rule (all | loss), `Layout` the bytes per token,
 `estimate` the size of a cache for a tokenized set, `check_disk` the refusal to start when

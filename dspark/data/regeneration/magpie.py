@@ -9,7 +9,7 @@ which `regenerate.py --input` answers with the same target.
 Pure parts: `pre_query_template` (derived from the tokenizer's template by rendering a
 conversation whose user message is a sentinel and cutting at it, checked with a second
 sentinel; no per-family strings), `magpie_seed` and `select_prompts` (filters, bench overlap,
-deduplication; dspark/data/prompt_filter.py). Generation: `sample_messages` on any
+deduplication; dspark/data/prompts/prompt_filter.py). Generation: `sample_messages` on any
 `generate_ids(ids, seeds, sampling)` backend (`DecoderBackend`, the decoder's batched AR path).
 
 Files in the output directory: `samples.jsonl` (every sampled message with its row index and
@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark.data.prompt_filter import (
+from dspark.data.prompts.prompt_filter import (
     NEAR_THRESHOLD,
     BenchOverlap,
     NearDuplicateIndex,
@@ -39,7 +39,7 @@ from dspark.data.prompt_filter import (
     normalize,
     shingles,
 )
-from dspark.data.regenerate import SamplingConfig
+from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.errors import BadInputError
 from dspark.fileio import write_text_atomic
 

@@ -1,4 +1,4 @@
-"""Read an offline feature cache (see `dspark.data.feature_cache`) as training rows.
+"""Read an offline feature cache (see `dspark.data.features.feature_cache`) as training rows.
 
 `FeatureCache(dir)` opens a finished cache, `validate` refuses one made for another target,
 layer set or tokenized set, and `row(i)` gives row i's `tapped [n, L*H]` and
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from dspark.data.feature_cache import (
+from dspark.data.features.feature_cache import (
     DTYPES,
     FeatureCacheError,
     dataset_hash,

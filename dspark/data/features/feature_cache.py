@@ -28,8 +28,8 @@ shard), a shard is computed whole in fixed batches and written atomically (temp 
 rename), and a finished shard is never rewritten. So a killed run, rerun with the same
 settings, produces byte-identical shards to an uninterrupted one.
 
-The per-row rule, sizes and the estimator live in `dspark.data.feature_layout` (re-exported
-here), the reader and the training `Dataset` in `dspark.data.feature_dataset`.
+The per-row rule, sizes and the estimator live in `dspark.data.features.feature_layout` (re-exported
+here), the reader and the training `Dataset` in `dspark.data.features.feature_dataset`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from dspark.data.feature_layout import (  # noqa: F401  (re-exported: one import for users)
+from dspark.data.features.feature_layout import (  # noqa: F401  (re-exported: one import for users)
     DTYPES,
     POSITIONS,
     FeatureCacheError,
