@@ -113,17 +113,21 @@ def test_decoder_keywords_build_the_policy_and_the_sampling(tiny_target):
     vocab = model.config.vocab_size
     prompts = prompts_for(vocab, (5, 8), 3)
     refs = [greedy_reference(model, p, 10) for p in prompts]
-    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=2)
+    # one oracle each: an oracle's corruptions come from its own generator
+    draft, twin = (
+        OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=2)
+        for _ in range(2)
+    )
     by_keywords = SpeculativeDecoder(
         model, draft, confidence_threshold=0.5, temperature=0, observer=draft.recorder
     )
     assert by_keywords.policy.kind == "threshold" and by_keywords.sampling == Sampling()
     by_objects = SpeculativeDecoder(
         model,
-        draft,
+        twin,
         policy=VerifyPolicy(confidence_threshold=0.5),
         sampling=Sampling(0.0),
-        observer=draft.recorder,
+        observer=twin.recorder,
     )
     a, b = by_keywords.generate(prompts, 10), by_objects.generate(prompts, 10)
     assert a.sequences == b.sequences == refs and a.verify_lengths == b.verify_lengths
