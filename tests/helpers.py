@@ -84,3 +84,239 @@ def random_draft(target, tok, arch, **kw):
             if p.requires_grad:
                 p.add_(0.1 * torch.randn_like(p))
     return draft.eval()
+
+
+# ------------------------------------------------------------------ decoding
+# Stand-in drafts and references shared by the decoder tests (tests/test_decoding*.py, the
+# load sweep's and the GPU tests). They implement the draft inference API of docs/contracts.md,
+# so the decoder can be checked for losslessness with ANY draft:
+# - `OracleDraft` proposes the known greedy continuation with seeded corruptions, so rounds mix
+#   accepted prefixes and rejections at every depth;
+# - `PromptAwareDraft` is close to (not equal to) the target for the first round after a prompt.
+from types import SimpleNamespace  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from dspark.decoding import DecodeObserver  # noqa: E402
+
+TAPS = [0, 2]  # the target layers the stand-in drafts read
+
+
+def greedy_reference(model, prompt, max_new, eos=()):
+    """Plain greedy decoding by full recomputation (no cache at all)."""
+    seq = list(prompt)
+    out = []
+    with torch.no_grad():
+        for _ in range(max_new):
+            tok = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(tok)
+            seq.append(tok)
+            if tok in eos:
+                break
+    return out
+
+
+def prompts_for(vocab, lengths, seed):
+    """Seeded random prompts of these lengths (ids below vocab - 2: the mask id stays free)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]
+
+
+class Recorder(DecodeObserver):
+    """The decoder's test hook: the request each live row serves this round; with
+    `keep_caches`, each finished request's final (target cache, context cache, row)."""
+
+    def __init__(self, keep_caches: bool = False):
+        self.requests: list[int] | None = None
+        self.keep_caches = keep_caches
+        self.final: dict[int, tuple] = {}
+
+    def on_round(self, requests):
+        self.requests = requests
+
+    def on_finish(self, request, cache, ctx, row):
+        if self.keep_caches:  # a copy: the live batch reuses a finished row's slot in place
+            index = torch.tensor([row], device=cache.keys[0].device)
+            self.final[request] = (cache.select(index), ctx and ctx.select(index), 0)
+
+
+class OracleDraft(nn.Module):
+    """Proposes `refs[b][p+1 : p+1+gamma]` (the known continuation), each token replaced by a
+    random one with probability `corrupt`; informative confidence (high when uncorrupted)."""
+
+    def __init__(self, refs, vocab, gamma=4, corrupt=0.3, markov=True, seed=0):
+        super().__init__()
+        self.refs, self.vocab, self.gamma, self.corrupt = refs, vocab, gamma, corrupt
+        self.config = SimpleNamespace(
+            block_size=gamma,
+            target_layer_ids=list(TAPS),
+            mask_token_id=vocab - 1,
+            markov_rank=4 if markov else 0,
+        )
+        self.g = torch.Generator().manual_seed(seed)
+        # pass `observer=draft.recorder` to the decoder: it maps live rows to requests
+        self.recorder = Recorder()
+        self.markov_head = ZeroMarkov(vocab) if markov else None
+        self.confidence_head = OracleConfidence(vocab)
+
+    def encode_context(self, tapped):
+        return tapped[..., :4]
+
+    def context_kv(self, ctx, position_ids):
+        return [(ctx[:, None], ctx[:, None])]
+
+    def block_hidden(self, block_ids, block_position_ids, ctx_kv, ctx_valid):
+        bsz, g = block_ids.shape
+        toks = torch.randint(0, self.vocab, (bsz, g), generator=self.g)
+        good = torch.rand(bsz, g, generator=self.g) >= self.corrupt
+        requests = self.recorder.requests if self.recorder.requests is not None else range(bsz)
+        for b, req in enumerate(requests):
+            p = int(block_position_ids[b, 0])
+            ref = self.refs[req][p + 1 : p + 1 + g]
+            toks[b, : len(ref)] = torch.where(
+                good[b, : len(ref)], torch.tensor(ref), toks[b, : len(ref)]
+            )
+        h = F.one_hot(toks, self.vocab).float() * 20.0
+        h[..., -1] = good.float()  # the mask id is never proposed: carries the oracle flag
+        return h
+
+    def lm_head(self, h):
+        return torch.cat([h[..., :-1], torch.full_like(h[..., -1:], -1e4)], -1)
+
+
+class ZeroMarkov(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+
+    def init_state(self, batch):
+        return None
+
+    def step(self, h_k, prev_token, state):
+        return h_k.new_zeros(h_k.shape[0], self.vocab), h_k.new_zeros(h_k.shape[0], 4), state
+
+
+class OracleConfidence(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+
+    def forward(self, h_k, feat):
+        return torch.where(h_k[:, -1] > 0, 3.0, -3.0)
+
+
+class PromptAwareDraft(nn.Module):
+    """A draft close to (but deliberately not equal to) the target, valid for the first round
+    after a fixed prompt: its q is the target's own logits for the drafted prefix plus fixed
+    noise, so verification sees a realistic mix of acceptances and rejections."""
+
+    def __init__(self, target, prompt, gamma=3, markov=True, noise=1.0, seed=0):
+        super().__init__()
+        vocab = target.config.vocab_size
+        self.target, self.prompt = target, torch.tensor(prompt)
+        self.config = SimpleNamespace(
+            block_size=gamma,
+            target_layer_ids=list(TAPS),
+            mask_token_id=vocab - 1,
+            markov_rank=4 if markov else 0,
+        )
+        g = torch.Generator().manual_seed(seed)
+        self.noise = torch.randn(gamma, vocab, generator=g) * noise
+        self.markov_head = PrefixMarkov(self) if markov else None
+        self.confidence_head = None
+
+    def target_logits(self, prefix):
+        if not self.first_round:  # later rounds: any q is fine, keep them cheap
+            return torch.zeros(prefix.shape[0], self.noise.shape[1])
+        uniq, inverse = torch.unique(prefix, dim=0, return_inverse=True)  # few distinct rows
+        return self.target(uniq).logits[:, -1].float()[inverse]
+
+    def encode_context(self, tapped):
+        return tapped[..., :4]
+
+    def context_kv(self, ctx, position_ids):
+        return [(ctx[:, None], ctx[:, None])]
+
+    def block_hidden(self, block_ids, block_position_ids, ctx_kv, ctx_valid):
+        bsz, gamma = block_ids.shape
+        self.first_round = bool((block_position_ids[:, 0] == len(self.prompt)).all())
+        if self.markov_head is not None:
+            return torch.zeros(bsz, gamma, self.noise.shape[1])
+        prefix = torch.cat([self.prompt.expand(bsz, -1), block_ids[:, :1]], 1)
+        slots = []
+        for k in range(gamma):  # parallel slots: guesses along the target's greedy path
+            logits = self.target_logits(prefix)
+            slots.append(logits + self.noise[k])
+            prefix = torch.cat([prefix, logits.argmax(-1, keepdim=True)], 1)
+        return torch.stack(slots, 1)
+
+    def lm_head(self, h):
+        return h
+
+
+class PrefixMarkov(nn.Module):
+    def __init__(self, draft):
+        super().__init__()
+        self.draft = [draft]
+
+    def init_state(self, batch):
+        return self.draft[0].prompt.expand(batch, -1), 0
+
+    def step(self, h_k, prev_token, state):
+        prefix, k = state
+        prefix = torch.cat([prefix, prev_token[:, None]], 1)
+        bias = self.draft[0].target_logits(prefix) + self.draft[0].noise[k]
+        return bias, h_k.new_zeros(h_k.shape[0], 4), (prefix, k + 1)
+
+
+def exact_joint(model, prompt, depth, temperature, top_k, top_p=1.0):
+    """Exact warped target distribution of the first `depth` tokens: {(t1, ..): prob}."""
+    from dspark.decoding.sampling import warp
+
+    joint = {(): 1.0}
+    with torch.no_grad():
+        for _ in range(depth):
+            keys = list(joint)
+            probs = warp(
+                model(torch.tensor([prompt + list(k) for k in keys])).logits[:, -1],
+                temperature,
+                top_k,
+                top_p,
+            )
+            nxt = {}
+            for i, key in enumerate(keys):
+                for t in torch.nonzero(probs[i]).flatten().tolist():
+                    nxt[key + (t,)] = joint[key] * float(probs[i, t])
+            joint = nxt
+    return joint
+
+
+def chisquare(samples: list[list[int]], probs: dict):
+    from scipy.stats import chisquare
+
+    n = len(samples)
+    counts = {}
+    for s in samples:
+        counts[tuple(s)] = counts.get(tuple(s), 0) + 1
+    assert set(counts) <= set(probs), "an outcome the target cannot produce"
+    keys = sorted(probs, key=probs.get, reverse=True)
+    obs, exp, o_rest, e_rest = [], [], 0, 0.0
+    for key in keys:
+        if probs[key] * n >= 5:
+            obs.append(counts.get(key, 0))
+            exp.append(probs[key] * n)
+        else:
+            o_rest += counts.get(key, 0)
+            e_rest += probs[key] * n
+    if e_rest > 0:
+        obs.append(o_rest)
+        exp.append(e_rest)
+    scale = n / sum(exp)  # the exact joint sums to 1 up to float rounding
+    return chisquare(obs, [e * scale for e in exp]).pvalue
+
+
+def real_draft(model, tok, **kw):
+    """A random-init (seed 0) DSpark draft for `model` in eval mode: block 4, Markov rank 16,
+    one layer unless told otherwise."""
+    kw = {"block_size": 4, "markov_rank": 16, **kw}
+    return make_draft(model, tok, **kw).eval().requires_grad_(False)

@@ -2,11 +2,11 @@
 
 The decoder must be lossless for ANY draft, so most tests use small stand-in drafts that
 implement the draft inference API of docs/contracts.md:
-- `ToyDraft`: a random one-layer attention drafter over the real tapped target features
-  (exercises the context cache and its positions), optional Markov / confidence heads;
-- `OracleDraft`: proposes the known greedy continuation with seeded corruptions, so rounds
-  mix accepted prefixes and rejections at every depth (a random draft is almost always
-  rejected at the first token under T = 0).
+- `ToyDraft` (here): a random one-layer attention drafter over the real tapped target
+  features (exercises the context cache and its positions), optional Markov / confidence heads;
+- `OracleDraft` (tests/helpers.py): proposes the known greedy continuation with seeded
+  corruptions, so rounds mix accepted prefixes and rejections at every depth (a random draft is
+  almost always rejected at the first token under T = 0).
 """
 
 from __future__ import annotations
@@ -16,11 +16,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import (
+    TAPS,
+    OracleDraft,
+    PromptAwareDraft,
+    Recorder,
+    chisquare,
+    exact_joint,
+    greedy_reference,
+    prompts_for,
+    real_draft,
+)
 from torch import nn
 
-from dspark.decoding import DecodeObserver, SpeculativeDecoder
-
-TAPS = [0, 2]
+from dspark.decoding import SpeculativeDecoder
 
 
 class ToyMarkov(nn.Module):
@@ -107,107 +116,6 @@ class ToyDraft(nn.Module):
 
     def lm_head(self, h):
         return self.head(h)
-
-
-class Recorder(DecodeObserver):
-    """The decoder's test hook: the request each live row serves this round; with
-    `keep_caches`, each finished request's final (target cache, context cache, row)."""
-
-    def __init__(self, keep_caches: bool = False):
-        self.requests: list[int] | None = None
-        self.keep_caches = keep_caches
-        self.final: dict[int, tuple] = {}
-
-    def on_round(self, requests):
-        self.requests = requests
-
-    def on_finish(self, request, cache, ctx, row):
-        if self.keep_caches:  # a copy: the live batch reuses a finished row's slot in place
-            index = torch.tensor([row], device=cache.keys[0].device)
-            self.final[request] = (cache.select(index), ctx and ctx.select(index), 0)
-
-
-class OracleDraft(nn.Module):
-    """Proposes `refs[b][p+1 : p+1+gamma]` (the known continuation), each token replaced by a
-    random one with probability `corrupt`; informative confidence (high when uncorrupted)."""
-
-    def __init__(self, refs, vocab, gamma=4, corrupt=0.3, markov=True, seed=0):
-        super().__init__()
-        self.refs, self.vocab, self.gamma, self.corrupt = refs, vocab, gamma, corrupt
-        self.config = SimpleNamespace(
-            block_size=gamma,
-            target_layer_ids=list(TAPS),
-            mask_token_id=vocab - 1,
-            markov_rank=4 if markov else 0,
-        )
-        self.g = torch.Generator().manual_seed(seed)
-        # pass `observer=draft.recorder` to the decoder: it maps live rows to requests
-        self.recorder = Recorder()
-        self.markov_head = _ZeroMarkov(vocab) if markov else None
-        self.confidence_head = _OracleConfidence(vocab)
-
-    def encode_context(self, tapped):
-        return tapped[..., :4]
-
-    def context_kv(self, ctx, position_ids):
-        return [(ctx[:, None], ctx[:, None])]
-
-    def block_hidden(self, block_ids, block_position_ids, ctx_kv, ctx_valid):
-        bsz, g = block_ids.shape
-        toks = torch.randint(0, self.vocab, (bsz, g), generator=self.g)
-        good = torch.rand(bsz, g, generator=self.g) >= self.corrupt
-        requests = self.recorder.requests if self.recorder.requests is not None else range(bsz)
-        for b, req in enumerate(requests):
-            p = int(block_position_ids[b, 0])
-            ref = self.refs[req][p + 1 : p + 1 + g]
-            toks[b, : len(ref)] = torch.where(
-                good[b, : len(ref)], torch.tensor(ref), toks[b, : len(ref)]
-            )
-        h = F.one_hot(toks, self.vocab).float() * 20.0
-        h[..., -1] = good.float()  # the mask id is never proposed: carries the oracle flag
-        return h
-
-    def lm_head(self, h):
-        return torch.cat([h[..., :-1], torch.full_like(h[..., -1:], -1e4)], -1)
-
-
-class _ZeroMarkov(nn.Module):
-    def __init__(self, vocab):
-        super().__init__()
-        self.vocab = vocab
-
-    def init_state(self, batch):
-        return None
-
-    def step(self, h_k, prev_token, state):
-        return h_k.new_zeros(h_k.shape[0], self.vocab), h_k.new_zeros(h_k.shape[0], 4), state
-
-
-class _OracleConfidence(nn.Module):
-    def __init__(self, vocab):
-        super().__init__()
-
-    def forward(self, h_k, feat):
-        return torch.where(h_k[:, -1] > 0, 3.0, -3.0)
-
-
-def greedy_reference(model, prompt, max_new, eos=()):
-    """Plain greedy decoding by full recomputation (no cache at all)."""
-    seq = list(prompt)
-    out = []
-    with torch.no_grad():
-        for _ in range(max_new):
-            tok = int(model(torch.tensor([seq])).logits[0, -1].argmax())
-            out.append(tok)
-            seq.append(tok)
-            if tok in eos:
-                break
-    return out
-
-
-def prompts_for(vocab, lengths, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]
 
 
 # ------------------------------------------------------------------ greedy == greedy
@@ -381,116 +289,6 @@ def test_hf_forward_path_matches_fast_path(tiny_target):
 
 
 # ------------------------------------------------------------------ sampling is lossless
-class PromptAwareDraft(nn.Module):
-    """A draft close to (but deliberately not equal to) the target, valid for the first round
-    after a fixed prompt: its q is the target's own logits for the drafted prefix plus fixed
-    noise, so verification sees a realistic mix of acceptances and rejections."""
-
-    def __init__(self, target, prompt, gamma=3, markov=True, noise=1.0, seed=0):
-        super().__init__()
-        vocab = target.config.vocab_size
-        self.target, self.prompt = target, torch.tensor(prompt)
-        self.config = SimpleNamespace(
-            block_size=gamma,
-            target_layer_ids=list(TAPS),
-            mask_token_id=vocab - 1,
-            markov_rank=4 if markov else 0,
-        )
-        g = torch.Generator().manual_seed(seed)
-        self.noise = torch.randn(gamma, vocab, generator=g) * noise
-        self.markov_head = _PrefixMarkov(self) if markov else None
-        self.confidence_head = None
-
-    def target_logits(self, prefix):
-        if not self.first_round:  # later rounds: any q is fine, keep them cheap
-            return torch.zeros(prefix.shape[0], self.noise.shape[1])
-        uniq, inverse = torch.unique(prefix, dim=0, return_inverse=True)  # few distinct rows
-        return self.target(uniq).logits[:, -1].float()[inverse]
-
-    def encode_context(self, tapped):
-        return tapped[..., :4]
-
-    def context_kv(self, ctx, position_ids):
-        return [(ctx[:, None], ctx[:, None])]
-
-    def block_hidden(self, block_ids, block_position_ids, ctx_kv, ctx_valid):
-        bsz, gamma = block_ids.shape
-        self.first_round = bool((block_position_ids[:, 0] == len(self.prompt)).all())
-        if self.markov_head is not None:
-            return torch.zeros(bsz, gamma, self.noise.shape[1])
-        prefix = torch.cat([self.prompt.expand(bsz, -1), block_ids[:, :1]], 1)
-        slots = []
-        for k in range(gamma):  # parallel slots: guesses along the target's greedy path
-            logits = self.target_logits(prefix)
-            slots.append(logits + self.noise[k])
-            prefix = torch.cat([prefix, logits.argmax(-1, keepdim=True)], 1)
-        return torch.stack(slots, 1)
-
-    def lm_head(self, h):
-        return h
-
-
-class _PrefixMarkov(nn.Module):
-    def __init__(self, draft):
-        super().__init__()
-        self.draft = [draft]
-
-    def init_state(self, batch):
-        return self.draft[0].prompt.expand(batch, -1), 0
-
-    def step(self, h_k, prev_token, state):
-        prefix, k = state
-        prefix = torch.cat([prefix, prev_token[:, None]], 1)
-        bias = self.draft[0].target_logits(prefix) + self.draft[0].noise[k]
-        return bias, h_k.new_zeros(h_k.shape[0], 4), (prefix, k + 1)
-
-
-def _exact_joint(model, prompt, depth, temperature, top_k, top_p=1.0):
-    """Exact warped target distribution of the first `depth` tokens: {(t1, ..): prob}."""
-    from dspark.decoding.sampling import warp
-
-    joint = {(): 1.0}
-    with torch.no_grad():
-        for _ in range(depth):
-            keys = list(joint)
-            probs = warp(
-                model(torch.tensor([prompt + list(k) for k in keys])).logits[:, -1],
-                temperature,
-                top_k,
-                top_p,
-            )
-            nxt = {}
-            for i, key in enumerate(keys):
-                for t in torch.nonzero(probs[i]).flatten().tolist():
-                    nxt[key + (t,)] = joint[key] * float(probs[i, t])
-            joint = nxt
-    return joint
-
-
-def _chisquare(samples: list[list[int]], probs: dict):
-    from scipy.stats import chisquare
-
-    n = len(samples)
-    counts = {}
-    for s in samples:
-        counts[tuple(s)] = counts.get(tuple(s), 0) + 1
-    assert set(counts) <= set(probs), "an outcome the target cannot produce"
-    keys = sorted(probs, key=probs.get, reverse=True)
-    obs, exp, o_rest, e_rest = [], [], 0, 0.0
-    for key in keys:
-        if probs[key] * n >= 5:
-            obs.append(counts.get(key, 0))
-            exp.append(probs[key] * n)
-        else:
-            o_rest += counts.get(key, 0)
-            e_rest += probs[key] * n
-    if e_rest > 0:
-        obs.append(o_rest)
-        exp.append(e_rest)
-    scale = n / sum(exp)  # the exact joint sums to 1 up to float rounding
-    return chisquare(obs, [e * scale for e in exp]).pvalue
-
-
 @pytest.mark.parametrize("markov,top_k,top_p", [(True, 3, 1.0), (False, 4, 0.9)])
 def test_sampled_output_has_the_target_distribution(tiny_target, markov, top_k, top_p):
     """First 4 tokens (prefill + one round verifying 2 drafts) over N independent rows vs the
@@ -500,33 +298,19 @@ def test_sampled_output_has_the_target_distribution(tiny_target, markov, top_k, 
     temperature, n, depth = 1.5, 1500, 4
     draft = PromptAwareDraft(model, prompt, gamma=3, markov=markov, seed=9)
     dec = SpeculativeDecoder(model, draft, temperature=temperature, top_k=top_k, top_p=top_p)
-    joint = _exact_joint(model, prompt, depth, temperature, top_k, top_p)
+    joint = exact_joint(model, prompt, depth, temperature, top_k, top_p)
     out = dec.generate([prompt] * n, depth, seed=1234)
     firsts = [a[0] for a in out.accept_lengths]
     assert all(v[0] == 2 for v in out.verify_lengths)
     assert 0.1 * n < sum(a > 0 for a in firsts) < 0.95 * n  # accepts and rejections
     assert sum(a == 2 for a in firsts) > 0.02 * n
-    assert _chisquare(out.sequences, joint) > 1e-3
+    assert chisquare(out.sequences, joint) > 1e-3
     if markov:  # the AR baseline samples the same distribution
         ar = dec.generate_autoregressive([prompt] * n, depth, seed=99)
-        assert _chisquare(ar.sequences, joint) > 1e-3
+        assert chisquare(ar.sequences, joint) > 1e-3
 
 
 # ------------------------------------------------------------------ the real DSpark draft
-def _real_draft(model, tok, **kw):
-    from dspark.config import DSparkConfig, choose_mask_token_id
-    from dspark.modeling import DSparkDraftModel
-
-    kw.setdefault("num_hidden_layers", 1)
-    kw.setdefault("block_size", 4)
-    kw.setdefault("markov_rank", 16)
-    cfg = DSparkConfig.from_target_config(
-        model.config, mask_token_id=choose_mask_token_id(tok, model.config.vocab_size), **kw
-    )
-    torch.manual_seed(0)
-    return DSparkDraftModel.from_target(model, cfg).eval().requires_grad_(False)
-
-
 @pytest.mark.parametrize(
     "kw",
     [
@@ -537,7 +321,7 @@ def _real_draft(model, tok, **kw):
 )
 def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
     model, tok = tiny_target(arch)
-    draft = _real_draft(model, tok, **kw)
+    draft = real_draft(model, tok, **kw)
     prompts = prompts_for(model.config.vocab_size, (5, 9), 29)
     kept = Recorder(keep_caches=True)
     dec = SpeculativeDecoder(model, draft, confidence_threshold=0.3 if kw else None, observer=kept)
@@ -562,7 +346,7 @@ def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
 
 def test_real_draft_sampling_runs_and_is_seeded(tiny_target):
     model, tok = tiny_target("qwen3")
-    draft = _real_draft(model, tok)
+    draft = real_draft(model, tok)
     prompts = prompts_for(model.config.vocab_size, (4, 7, 5), 31)
     dec = SpeculativeDecoder(model, draft, temperature=0.8, top_p=0.95)
     a = dec.generate(prompts, 12, seed=7)
@@ -594,7 +378,7 @@ def test_pruned_greedy_markov_step_equals_full(tiny_target, monkeypatch, w2_scal
 
     monkeypatch.setattr(decoder, "propose", spy)
     for head_type in ("vanilla", "gated"):
-        draft = _real_draft(model, tok, markov_head_type=head_type, block_size=5)
+        draft = real_draft(model, tok, markov_head_type=head_type, block_size=5)
         with torch.no_grad():
             draft.markov_head.markov_w2.weight.mul_(w2_scale)
         prompts = prompts_for(model.config.vocab_size, (6, 3), 37)
@@ -618,7 +402,7 @@ def test_cpu_fast_paths_flag_keeps_greedy_outputs(tiny_target, kw):
     from dspark.decoding import cpu_paths
 
     model, tok = tiny_target("qwen3")
-    draft = _real_draft(model, tok, **kw)
+    draft = real_draft(model, tok, **kw)
     with torch.no_grad():  # a large W2 makes the Markov bias decide tokens
         draft.markov_head.markov_w2.weight.mul_(30.0)
     assert cpu_paths.GreedyPruner.get(draft.markov_head) is not None  # the path is live

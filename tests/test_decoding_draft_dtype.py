@@ -3,7 +3,7 @@ benchmark's `draft_dtype` selects) proposes differently but decodes losslessly."
 
 import pytest
 import torch
-from test_decoding import _real_draft, greedy_reference, prompts_for
+from helpers import greedy_reference, prompts_for, real_draft
 
 from dspark.decoding import SpeculativeDecoder
 
@@ -11,7 +11,7 @@ from dspark.decoding import SpeculativeDecoder
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_bf16_draft_with_fp32_target_equals_plain_greedy(tiny_target, arch):
     model, tok = tiny_target(arch)
-    draft = _real_draft(model, tok).to(torch.bfloat16)
+    draft = real_draft(model, tok).to(torch.bfloat16)
     assert next(model.parameters()).dtype == torch.float32
     prompts = prompts_for(model.config.vocab_size, (5, 9), 31)
     out = SpeculativeDecoder(model, draft).generate(prompts, 12)

@@ -4,7 +4,7 @@ its state across `generate` calls in the decoder (still lossless)."""
 from __future__ import annotations
 
 import pytest
-from test_decoding import OracleDraft, greedy_reference, prompts_for
+from helpers import OracleDraft, greedy_reference, prompts_for
 
 from dspark.decoding import SpeculativeDecoder
 from dspark.decoding.draft_gate import DraftGate, expected_tokens_per_s
@@ -53,7 +53,7 @@ def test_gate_backs_off_doubles_and_prices_a_new_load_from_its_prior():
     # back to 8: the prior says it does not pay, so no probe is spent to learn that again,
     # and load 8 keeps its own (long) back-off
     assert run(8, 10) == [0] * 8 + [1, 0]
-    assert [DraftGate.bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 16, 64]
+    assert [DraftGate.load_band(n) for n in (1, 2, 3, 4, 5, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 16, 64]
     # a load never backed off inherits the longest back-off below it (drafting lost there)
     assert gate.backoff(64) == 8 and gate.backoff(2) == 2 and gate.backoff(4) == 2
     assert not gate.should_draft(1, max_cap=0)  # only bonus tokens left: nothing to draft
@@ -98,7 +98,7 @@ def test_decoder_gate_state_outlives_a_call_and_stays_lossless(tiny_target):
     assert again.sequences == refs and skipped(again)[0] == 1
     one = dec.generate(prompts[:1], 30)  # load 1: the prior says drafting pays there
     assert one.sequences == refs[:1] and skipped(one)[0] == 0
-    dec.draft_gate.reset()  # a fresh decoder's state: the first round probes
+    dec.policy.gate.reset()  # a fresh decoder's state: the first round probes
     fresh = dec.generate(prompts, 30)
     assert fresh.sequences == refs and skipped(fresh)[0] == 0
 

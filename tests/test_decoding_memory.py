@@ -5,7 +5,7 @@ test sees them only through a `DecodeObserver`); holding them cost GBs per call 
 import gc
 import weakref
 
-from test_decoding import _real_draft, prompts_for
+from helpers import prompts_for, real_draft
 
 from dspark.decoding import DecodeObserver, SpeculativeDecoder
 
@@ -24,7 +24,7 @@ def test_no_caches_are_kept_after_a_call(tiny_target):
     model, tok = tiny_target("qwen3")
     prompts = prompts_for(model.config.vocab_size, (4, 7, 9), 5)
     seen = _WeakFinals()
-    dec = SpeculativeDecoder(model, _real_draft(model, tok), observer=seen)
+    dec = SpeculativeDecoder(model, real_draft(model, tok), observer=seen)
     assert not hasattr(dec, "last_caches") and not hasattr(dec, "live_rows")
     for run in (dec.generate, dec.generate_autoregressive):
         seen.refs.clear()

@@ -13,14 +13,14 @@ import copy
 
 import pytest
 import torch
-from helpers import make_draft
-from test_decoding import (
+from helpers import (
     OracleDraft,
     PromptAwareDraft,
-    _chisquare,
-    _exact_joint,
-    _ZeroMarkov,
+    ZeroMarkov,
+    chisquare,
+    exact_joint,
     greedy_reference,
+    make_draft,
     prompts_for,
 )
 from torch import nn
@@ -205,7 +205,7 @@ class ReducedOracle(OracleDraft):
         super().__init__(refs, vocab, **kw)
         self.kept_target_ids = kept
         if self.markov_head is not None:
-            self.markov_head = _ZeroMarkov(int(kept.numel()))
+            self.markov_head = ZeroMarkov(int(kept.numel()))
 
     def lm_head(self, h):
         return super().lm_head(h)[..., self.kept_target_ids]
@@ -252,7 +252,7 @@ def test_reduced_real_draft_greedy_equals_plain_greedy(tiny_target, arch, policy
     out = dec.generate(prompts, 10)
     assert out.sequences == [greedy_reference(model, p, 10) for p in prompts]
     if draft_s is not None:
-        assert dec.draft_gate is not None
+        assert dec.policy.gate is not None
         skipped = sum(s == 0.0 for s in out.round_draft_s)
         assert skipped > 0 or draft_s < 1.0, out.round_draft_s
     ar = dec.generate_autoregressive(prompts, 10)
@@ -319,14 +319,14 @@ def test_reduced_sampled_output_has_the_target_distribution(tiny_target, markov,
     draft = ReducedPromptAware(model, prompt, kept, gamma=3, markov=markov, seed=9)
     dec = SpeculativeDecoder(model, draft, temperature=temperature, top_k=top_k, top_p=top_p)
     assert dec.draft_vocab is not None and dec.draft_vocab.size == V // 2
-    joint = _exact_joint(model, prompt, depth, temperature, top_k, top_p)
+    joint = exact_joint(model, prompt, depth, temperature, top_k, top_p)
     out = dec.generate([prompt] * n, depth, seed=1234)
     firsts = [a[0] for a in out.accept_lengths]
     assert all(v[0] == 2 for v in out.verify_lengths)
     assert 0.1 * n < sum(a > 0 for a in firsts) < 0.95 * n  # accepts and rejections
     seconds = torch.tensor([s[1] for s in out.sequences])
     assert (~torch.isin(seconds, kept)).sum() > 0.02 * n  # committed outside the kept ids
-    assert _chisquare(out.sequences, joint) > 1e-3
+    assert chisquare(out.sequences, joint) > 1e-3
     if markov:  # the head was handed target ids: the anchor, then kept ids
         told = torch.stack(draft.markov_head.prev[1:3], 1)  # slots 1, 2 of the first round
         assert torch.isin(told[:n], kept).all()
@@ -353,9 +353,9 @@ def test_a_residual_over_the_kept_ids_only_fails_the_chi_square(tiny_target, mon
     monkeypatch.setattr(DraftVocab, "subtract_from", kept_only)
     draft = ReducedPromptAware(model, prompt, kept, gamma=3, markov=True, seed=9)
     dec = SpeculativeDecoder(model, draft, temperature=temperature, top_k=top_k)
-    joint = _exact_joint(model, prompt, depth, temperature, top_k)
+    joint = exact_joint(model, prompt, depth, temperature, top_k)
     out = dec.generate([prompt] * n, depth, seed=1234)
-    assert _chisquare(out.sequences, joint) < 1e-4
+    assert chisquare(out.sequences, joint) < 1e-4
 
 
 # ------------------------------------------------------------------ the draft round's cost

@@ -7,19 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_decoding import (
+from helpers import (
     OracleDraft,
+    PrefixMarkov,
     PromptAwareDraft,
-    _chisquare,
-    _exact_joint,
-    _PrefixMarkov,
+    chisquare,
+    exact_joint,
     greedy_reference,
     prompts_for,
 )
 from torch import nn
 
 from dspark.decoding import SpeculativeDecoder, verify_sampled
-from dspark.decoding import decoder as decoder_module
+from dspark.decoding import verify_policy as policy_module
 from dspark.decoding.scheduler import schedule_padded, schedule_ragged
 from dspark.decoding.sps import Roofline, SPSProfile
 
@@ -183,7 +183,7 @@ def test_scheduler_greedy_equals_plain_greedy_at_every_load(tiny_target, arch, b
     assert 0 in lengths_seen and max(lengths_seen) >= 2, lengths_seen
 
 
-class _FeatMarkov(_PrefixMarkov):
+class _FeatMarkov(PrefixMarkov):
     """The prompt-aware Markov head, whose feature says which token came before (for c_k)."""
 
     def step(self, h_k, prev_token, state):
@@ -237,7 +237,7 @@ def test_scheduler_sampled_output_has_the_target_distribution(
         model, draft, temperature=temperature, top_k=top_k, verify_policy="scheduler", sps=sps,
         scheduler_batch=batch_mode,
     )  # fmt: skip
-    joint = _exact_joint(model, prompt, depth, temperature, top_k)
+    joint = exact_joint(model, prompt, depth, temperature, top_k)
     out = dec.generate([prompt] * n, depth, seed=1234)
     first = [v[0] for v in out.verify_lengths]
     if draft_s is not None:  # round 1 drafts, round 2 is an AR step
@@ -245,7 +245,7 @@ def test_scheduler_sampled_output_has_the_target_distribution(
     if batch_mode == "ragged":
         assert len(set(first)) >= 2, set(first)  # requests verify different lengths
     assert any(a > 0 for accs in out.accept_lengths for a in accs)
-    assert _chisquare(out.sequences, joint) > 1e-3
+    assert chisquare(out.sequences, joint) > 1e-3
 
 
 # ------------------------------------------------------------------ Appendix A: the break
@@ -340,20 +340,20 @@ def test_appendix_a_in_the_decoder(tiny_target, monkeypatch):
     model, _ = tiny_target("qwen3")
     prompt = prompts_for(model.config.vocab_size, (6,), 23)[0]
     temperature, top_k, n = 1.5, 3, 1000
-    joint = _exact_joint(model, prompt, 2, temperature, top_k)
+    joint = exact_joint(model, prompt, 2, temperature, top_k)
     draft = _confident_draft(model, prompt, markov=True, seed=9, noise=2.0)
     draft.confidence_head = _FeatConfidence((4.0, -4.0, 4.0, -4.0))  # c_2 ~ 1 iff x_1 even
     sps_one = torch.tensor([1.0, 1.0, 1 / 2.05, 1 / 2.1, 1 / 2.15])
     pvalues, lengths = {}, {}
     for stop in (True, False):
-        monkeypatch.setitem(decoder_module.SCHEDULERS, "ragged", _per_request(stop, sps_one))
+        monkeypatch.setitem(policy_module.SCHEDULERS, "ragged", _per_request(stop, sps_one))
         dec = SpeculativeDecoder(
             model, draft, temperature=temperature, top_k=top_k, verify_policy="scheduler",
             sps=_profile(1.0, 0.1, 3), scheduler_batch="ragged", time_rounds=False,
         )  # fmt: skip
         out = dec.generate([prompt] * n, 4, seed=77)
         lengths[stop] = {v[0] for v in out.verify_lengths}
-        pvalues[stop] = _chisquare([s[:2] for s in out.sequences], joint)
+        pvalues[stop] = chisquare([s[:2] for s in out.sequences], joint)
     assert lengths[True] == {0} and lengths[False] >= {0, 2}, lengths
     assert pvalues[True] > 1e-3
     assert pvalues[False] < 1e-4, pvalues
@@ -379,6 +379,6 @@ def test_measured_profile_is_cached_per_device_target_dtype(tiny_target, monkeyp
     monkeypatch.setattr(sps_module, "measure", fail)
     assert sps_module.load_or_measure(model, draft, gamma=3, **kw).times == prof.times
     dec = SpeculativeDecoder(model, draft, verify_policy="scheduler")  # start-up: the cache
-    assert dec.sps.times == prof.times
+    assert dec.policy.sps.times == prof.times
     out = dec.generate([[1, 2, 3]], 6)
     assert out.sequences == [greedy_reference(model, [1, 2, 3], 6)]

@@ -25,7 +25,7 @@ loss. The round's price is the profile's `draft_time(R)`, measured with the draf
   next `skip` rounds are AR steps (no draft), then one probe round drafts again and its
   survivals replace the prior (the requests now live may differ from those the average was
   made of). Each failed probe doubles `skip` (up to `max_interval`); a round that pays resets it to
-  `interval`. `skip` is kept per load (power-of-two buckets of live requests: that drafting
+  `interval`. `skip` is kept per load (power-of-two bands of live requests: that drafting
   pays at load 1 says nothing about load 64); a load seen for the first time starts from the
   longest back-off of the lower loads; and it is never shorter than keeps probes under
   `probe_budget` of the AR time (a probe costs a draft round, ~1 AR step at 64 requests on a
@@ -70,7 +70,7 @@ def expected_tokens_per_s(
     return tau / t_spec, live / profile.step_time(live, 1)
 
 
-# The gate's defaults, in one place (SpeculativeDecoder's keyword defaults read these).
+# The gate's defaults, in one place (VerifyPolicy's keyword defaults read these).
 PROBE_INTERVAL = 4
 MAX_PROBE_INTERVAL = 64
 PROBE_BUDGET = 0.05
@@ -117,7 +117,7 @@ class DraftGate:
     def reset(self) -> None:
         """Forget the back-off and the survival prior (a fresh decoder's state)."""
         self.skip_left = 0  # AR rounds left before the next probe
-        self.skip_next: dict[int, int] = {}  # load bucket -> back-off after its next failure
+        self.skip_next: dict[int, int] = {}  # load band -> back-off after its next failure
         self.prior: list[float] | None = None  # EMA of the mean survival curve [gamma]
         self.load: int | None = None  # live requests of the last round priced
         self.probe_next = self.probing = False  # a probe's survivals replace the prior
@@ -168,7 +168,7 @@ class DraftGate:
         return self.priced([self.prior] * live)
 
     @staticmethod
-    def bucket(live: int) -> int:
+    def load_band(live: int) -> int:
         """Loads 1, 2, 3-4, 5-8, ... share a back-off (the next power of two)."""
         return 1 << max(0, live - 1).bit_length()
 
@@ -176,7 +176,7 @@ class DraftGate:
         """AR rounds the next failed round at this load starts. A load not yet backed off
         inherits the longest back-off of the lower loads seen: a verify pass only gets more
         compute-bound with load, so drafting that lost at a lower load loses here too."""
-        b = self.bucket(live)
+        b = self.load_band(live)
         if b in self.skip_next:
             own = self.skip_next[b]
         else:
@@ -235,7 +235,7 @@ class DraftGate:
         )
         live = self.load = len(survival)
         if self.priced(survival):
-            self.skip_next[self.bucket(live)] = self.interval
+            self.skip_next[self.load_band(live)] = self.interval
         else:
             self.skip_left = self.backoff(live)
-            self.skip_next[self.bucket(live)] = min(2 * self.skip_left, self.max_interval)
+            self.skip_next[self.load_band(live)] = min(2 * self.skip_left, self.max_interval)

@@ -33,6 +33,11 @@ class DraftProposal:
     confidence: torch.Tensor | None  # [B, gamma] c_k in (0, 1), None without a head
     vocab: DraftVocab | None = None  # the reduced vocabulary q is over (None: all V)
 
+    @classmethod
+    def nothing(cls, anchor: torch.Tensor) -> DraftProposal:
+        """No drafts for the rows of `anchor [B]` (a round the draft gate skips)."""
+        return cls(anchor.new_zeros((anchor.shape[0], 0)), None, None)
+
 
 def propose(
     draft: DraftInference,
@@ -123,17 +128,3 @@ def _calibrated(logits: torch.Tensor, temperatures: torch.Tensor | None) -> torc
     if temperatures is not None:
         logits = logits / temperatures[: logits.shape[1]].to(logits)
     return torch.sigmoid(logits)
-
-
-def verify_lengths(
-    confidence: torch.Tensor | None, threshold: float | None, gamma: int, bsz: int, device
-) -> torch.Tensor:
-    """Drafts to verify per request: all `gamma`, or with a threshold the longest prefix whose
-    survival prod_{i<=k} c_i >= threshold, at least 1 (a 2-token verify costs about what a
-    1-token step does, and a round without a draft would waste the draft pass).
-    The choice depends on the draft alone, never on the target, so decoding stays lossless."""
-    if threshold is None or confidence is None:
-        return torch.full((bsz,), gamma, dtype=torch.long, device=device)
-    survival = confidence.cumprod(dim=1)
-    n = (survival >= threshold).long().cumprod(dim=1).sum(dim=1)
-    return n.clamp_min(1)

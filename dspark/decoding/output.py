@@ -1,7 +1,10 @@
-"""`GenerationOutput`: what both decoders return (the benchmark's input)."""
+"""`GenerationOutput`: what both decoders return (the benchmark's input), and the record
+they keep of a call while it runs (`start`, `commit`, `record_round`, `finish`)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -58,6 +61,11 @@ class GenerationOutput:
     round_rows: list[int] = field(default_factory=list)
     round_tokens: list[int] = field(default_factory=list)
     round_width: list[int] = field(default_factory=list)
+    # the call while it is recorded (`start`): token budget, stop ids, clock, finished requests
+    _budget: int = field(default=0, init=False, repr=False, compare=False)
+    _eos: frozenset[int] = field(default=frozenset(), init=False, repr=False, compare=False)
+    _t0: float = field(default=0.0, init=False, repr=False, compare=False)
+    _done: list[bool] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @classmethod
     def empty(cls, batch: int) -> GenerationOutput:
@@ -67,16 +75,89 @@ class GenerationOutput:
             accept_lengths=[[] for _ in range(batch)],
             verify_lengths=[[] for _ in range(batch)],
             confidences=[[] for _ in range(batch)],
+            num_rounds=[0] * batch,
         )
         out.finish_s = [0.0] * batch
         return out
 
-    def record_round(self, draft_s: float, verify_s: float, rows: int, tokens: int, width: int):
+    # ------------------------------------------------------------------ recording a call
+    @classmethod
+    def start(
+        cls, batch: int, max_new_tokens: int, eos_token_id: int | Sequence[int] | None
+    ) -> GenerationOutput:
+        """The record of a call of `batch` requests starting now (the clock of `finish_s`)."""
+        out = cls.empty(batch)
+        out._t0 = time.perf_counter()
+        out._budget = max_new_tokens
+        if eos_token_id is not None:
+            out._eos = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        out._done = [False] * batch
+        return out
+
+    def elapsed(self) -> float:
+        """Seconds since the call started."""
+        return time.perf_counter() - self._t0
+
+    def room(self, request: int) -> int:
+        """Tokens `request` may still commit."""
+        return self._budget - len(self.sequences[request])
+
+    def commit(self, requests: Sequence[int], tokens: Sequence[Sequence[int]]) -> list[bool]:
+        """Append `tokens[i]` to the sequence of `requests[i]`, up to the budget and the first
+        EOS, and stamp `finish_s` of the requests this finishes; returns, per request of the
+        call, whether it has finished."""
+        now = None
+        for b, new in zip(requests, tokens):
+            seq = self.sequences[b]
+            for t in new:
+                if len(seq) >= self._budget:
+                    break
+                seq.append(t)
+                if t in self._eos:
+                    self._done[b] = True
+                    break
+            self._done[b] = self._done[b] or len(seq) >= self._budget
+            if self._done[b] and not self.finish_s[b]:
+                now = now or self.elapsed()
+                self.finish_s[b] = now
+        return self._done
+
+    def record_round(
+        self,
+        requests: Sequence[int],
+        draft_s: float,
+        verify_s: float,
+        verified: Sequence[int] | None = None,
+        accepted: Sequence[int] | None = None,
+        confidences: Sequence[Sequence[float]] | None = None,
+    ) -> None:
+        """One round of the live `requests` (row i serves `requests[i]`): per request its
+        drafts `verified` and `accepted` and the confidences of the verified ones (None: an AR
+        step, which verifies nothing), and the round's phase times and verify shape."""
+        for b in requests:
+            self.num_rounds[b] += 1
+        rows = len(requests)
         self.round_draft_s.append(draft_s)
         self.round_verify_s.append(verify_s)
         self.round_rows.append(rows)
-        self.round_tokens.append(tokens)
-        self.round_width.append(width)
+        if verified is None or accepted is None:
+            self.round_tokens.append(rows)
+            self.round_width.append(1)
+            return
+        self.round_tokens.append(rows + sum(verified))
+        self.round_width.append(1 + max(verified))
+        for i, b in enumerate(requests):
+            self.accept_lengths[b].append(accepted[i])
+            self.verify_lengths[b].append(verified[i])
+            self.confidences[b].append(
+                list(confidences[i][: verified[i]]) if confidences is not None else []
+            )
+
+    def finish(self) -> GenerationOutput:
+        """Close the record: `new_tokens` and the call's wall time."""
+        self.new_tokens = [len(s) for s in self.sequences]
+        self.wall_time_s = self.elapsed()
+        return self
 
     def timing_summary(self) -> dict:
         """Totals and per-round means of the draft / verify phases (seconds, tokens)."""

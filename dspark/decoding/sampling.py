@@ -1,10 +1,13 @@
 """Turning logits into the (warped) distributions both target and draft are sampled from.
 
 The same `warp` is applied to the target's p and the draft's q, so speculative sampling is
-lossless with respect to the warped target distribution (temperature / top-k / top-p).
+lossless with respect to the warped target distribution (temperature / top-k / top-p);
+`Sampling` holds those three settings for a decoder.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -38,3 +41,35 @@ def sample_per_row(probs: torch.Tensor, generators: list[torch.Generator]) -> to
     for row, g in zip(race, generators):
         row.exponential_(1.0, generator=g)
     return torch.argmax(probs / race, dim=-1)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are picked: greedy at `temperature` 0, else one sample of the warped
+    distribution (`top_k` > 0, `top_p` < 1 restrict it). Draft and target use the same one."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "temperature", float(self.temperature))
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "top_p", float(self.top_p))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The warped distribution `[..., V]` of `logits`."""
+        return warp(logits, self.temperature, self.top_k, self.top_p)
+
+    def pick(self, logits: torch.Tensor, generator=None) -> torch.Tensor:
+        """Greedy, or one warped sample per row; `generator` may be one generator for the
+        batch or a list with one per row (`sample_per_row`)."""
+        if self.greedy:
+            return logits.argmax(-1)
+        if isinstance(generator, list):
+            return sample_per_row(self.probs(logits), generator)
+        return sample(self.probs(logits), generator)

@@ -7,7 +7,8 @@ budget): drafts at k >= verify_len[b] count as not proposed. Index j of the targ
 `p [B, L+1, V]` is its distribution for the token after verify input j, i.e. for draft
 x_{j+1} (j < L) and for the bonus token (j = verify_len).
 Both return `(num_accepted [B] long, next_token [B] long)`: accept drafts
-x_1..x_{num_accepted}, then commit `next_token` (correction or bonus).
+x_1..x_{num_accepted}, then commit `next_token` (correction or bonus); `accept` picks the one
+the decoder's sampling calls for.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dspark.decoding.sampling import sample
 
 if TYPE_CHECKING:
     from dspark.decoding.draft_vocab import DraftVocab
+    from dspark.decoding.sampling import Sampling
 
 
 def _prefix_len(ok: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:
@@ -72,3 +74,22 @@ def verify_sampled(
     # p == q exactly makes a rejection impossible; guard the 0/0 anyway
     residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_a)
     return n, sample(residual, generator)
+
+
+def accept(
+    drafts: torch.Tensor,
+    logits: torch.Tensor,
+    verify_len: torch.Tensor,
+    sampling: Sampling,
+    q: torch.Tensor | None = None,
+    q_vocab: DraftVocab | None = None,
+    generator: torch.Generator | None = None,
+):
+    """The target's verdict on `drafts [B, L]` from its verify-pass `logits [B, L+1, V]`:
+    `verify_greedy` at T = 0, else `verify_sampled` against the draft's `q [B, L, V or K]`
+    (None: nothing was proposed)."""
+    if sampling.greedy:
+        return verify_greedy(drafts, logits.argmax(-1), verify_len)
+    p = sampling.probs(logits)
+    q = q[:, : drafts.shape[1]] if q is not None else p[:, :0]
+    return verify_sampled(drafts, q, p, verify_len, generator, q_vocab=q_vocab)
