@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_decoding import OracleDraft, greedy_reference, prompts_for
+from helpers import OracleDraft, greedy_reference, prompts_for
 
 from dspark.decoding.sps import Roofline, SPSProfile
 from dspark.eval import load_sweep as ls

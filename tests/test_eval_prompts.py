@@ -56,7 +56,8 @@ def test_bench_dir_search_order(tmp_path, monkeypatch):
     monkeypatch.chdir(cwd)
     with pytest.raises(MissingPathError, match="DSPARK_BENCH_DIR") as e:
         find_bench_dir()
-    assert str(beside_repo) in str(e.value)  # the message lists what was searched
+    # the message names the fixes: a folder, or a public set by name (from the hub)
+    assert "gsm8k" in str(e.value) and "hub" in str(e.value) and "shared" not in str(e.value)
     beside_repo.mkdir(parents=True)
     assert find_bench_dir() == beside_repo
     from_cwd = tmp_path / "runs" / "shared" / "data" / "bench"
@@ -80,3 +81,29 @@ def test_bench_dir_search_order(tmp_path, monkeypatch):
     (from_cwd / "tiny.jsonl").write_text('{"turns": ["hi"]}\n')
     monkeypatch.delenv("DSPARK_BENCH_DIR")
     assert load_dataset("tiny", None, None) == [["hi"]]
+
+
+def test_a_public_set_no_folder_holds_comes_from_the_hub(tmp_path, monkeypatch):
+    """No bench folder anywhere: gsm8k is read through the hub reader (stubbed here: no
+    network), an unknown name is refused with the names there are, and a local copy wins."""
+    import dspark.data.prompts.named_sets as named_sets
+    from dspark.eval.prompts import check_datasets
+
+    monkeypatch.delenv("DSPARK_BENCH_DIR", raising=False)
+    monkeypatch.setattr(dspark.paths, "REPO_ROOT", tmp_path / "parent" / "repo")
+    monkeypatch.chdir(tmp_path)
+    asked = []
+
+    def hub_rows(spec):
+        asked.append(spec.hub_id)
+        return [{"turns": ["hub q1"]}, {"turns": ["hub q2"]}]
+
+    monkeypatch.setattr(named_sets, "hub_rows", hub_rows)
+    check_datasets(["gsm8k", "embedded"], None)  # no folder: still a known name
+    assert load_dataset("gsm8k", None, 1) == [["hub q1"]] and asked == ["openai/gsm8k"]
+    with pytest.raises(MissingPathError, match="no prompt set 'nope'.*humaneval"):
+        check_datasets(["nope"], None)
+    local = tmp_path / "bench"
+    local.mkdir()
+    (local / "gsm8k.jsonl").write_text('{"turns": ["local q"]}\n')
+    assert load_dataset("gsm8k", local, None) == [["local q"]] and len(asked) == 1

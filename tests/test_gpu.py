@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_draft
-from test_decoding import OracleDraft, prompts_for
+from helpers import OracleDraft, make_draft, prompts_for
 
 from dspark.decoding import SpeculativeDecoder
 

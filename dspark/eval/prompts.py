@@ -4,13 +4,14 @@ A prompt set is a list of conversations; a conversation is its list of user turn
 benchmark renders them through the target's chat template (`add_generation_prompt=True`),
 either the first turn only or every turn with the target's own earlier answers fed back.
 
-The bench sets (gsm8k.jsonl, mt-bench.jsonl, ...) live in a folder found in this order
+A bench set is read from a local folder when one holds `<name>.jsonl`, found in this order
 (`find_bench_dir`):
 1. the explicit argument (`bench_dir=` of the benchmark config, `--bench-dir` of the scripts);
 2. `$DSPARK_BENCH_DIR`;
-3. `../shared/data/bench` from the current directory (a checkout run from its root);
-4. `shared/data/bench` beside the repository (the parent of this checkout).
-An explicit folder (1, 2) must exist; otherwise the first of 3, 4 that exists is used.
+3. the data folder beside the checkout (`dspark.paths.bench_dir_candidates`).
+An explicit folder (1, 2) must exist. A public set (gsm8k, humaneval, mbpp, math500, mt-bench:
+`dspark.data.prompts.public_sets.BENCH_SETS`, docs/datasets.md) that no folder holds comes from
+the hub through `datasets`, converted to the same turns.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dspark.data.prompts.public_sets import BENCH_SETS
 from dspark.errors import BadInputError, MissingPathError
-from dspark.paths import BENCH_ENV, bench_dir_candidates, bench_dir_or_none
+from dspark.paths import BENCH_ENV, bench_dir_or_none
 
 EMBEDDED = "embedded"  # the name of the project's own held-out prompt set in `datasets`
 
@@ -33,9 +35,14 @@ def find_bench_dir(bench_dir: str | Path | None = None) -> Path:
         return path
     raise MissingPathError(
         "no bench-set folder found: set $DSPARK_BENCH_DIR (or bench_dir= / --bench-dir) to the "
-        "folder of the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...); searched "
-        + ", ".join(str(p) for p in bench_dir_candidates())
+        f"folder of the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...), or name a public set "
+        f"({', '.join(BENCH_SETS)}) to read it from the hub"
     )
+
+
+def _local_bench_dir(bench_dir: str | Path | None) -> Path | None:
+    """The bench folder when one is given or found (an explicit one must exist), else None."""
+    return bench_dir_or_none(bench_dir, "bench_dir")
 
 
 def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
@@ -93,19 +100,21 @@ def _as_turns(row) -> list[str]:
     raise ValueError(f"cannot read user turns from prompt row {str(row)[:120]!r}")
 
 
-def dataset_path(name: str, bench_dir: str | Path | None) -> Path:
-    """The JSONL file of the prompt set `name` (not `embedded`), or a `UserError` that lists
-    the sets there are."""
-    root = find_bench_dir(bench_dir)
-    path = root / f"{name}.jsonl"
-    if not path.is_file():
-        found = sorted(p.stem for p in root.glob("*.jsonl"))
-        raise MissingPathError(
-            f"datasets: no prompt set {name!r} ({path} does not exist). Known names: "
-            f"{', '.join(found + [EMBEDDED])}; or set bench_dir= (or ${BENCH_ENV}) to the "
-            "folder that holds it."
-        )
-    return path
+def dataset_path(name: str, bench_dir: str | Path | None) -> Path | None:
+    """The local JSONL file of the prompt set `name` (not `embedded`); None for a public set
+    that no folder holds (it comes from the hub); else a `UserError` that lists the names."""
+    root = _local_bench_dir(bench_dir)
+    path = root / f"{name}.jsonl" if root is not None else None
+    if path is not None and path.is_file():
+        return path
+    if name in BENCH_SETS:
+        return None
+    found = sorted(p.stem for p in root.glob("*.jsonl")) if root is not None else []
+    known = sorted(set(found) | set(BENCH_SETS)) + [EMBEDDED]
+    raise MissingPathError(
+        f"datasets: no prompt set {name!r}. Known names: {', '.join(known)}; or set "
+        f"bench_dir= (or ${BENCH_ENV}) to the folder that holds {name}.jsonl."
+    )
 
 
 def check_datasets(names: list[str], bench_dir: str | Path | None) -> None:
@@ -124,10 +133,15 @@ def check_datasets(names: list[str], bench_dir: str | Path | None) -> None:
 
 
 def load_dataset(name: str, bench_dir: str | Path | None, limit: int | None) -> list[list[str]]:
-    """`embedded` or the stem of a JSONL file in `bench_dir` (e.g. gsm8k, mt-bench)."""
+    """`embedded`, the stem of a JSONL file in the bench folder, or a public set from the hub."""
     if name == EMBEDDED:
         return load_embedded(limit)
-    return load_turns(dataset_path(name, bench_dir), limit)
+    path = dataset_path(name, bench_dir)
+    if path is None:
+        from dspark.data.prompts.named_sets import bench_turns
+
+        return bench_turns(name, bench_dir, limit)
+    return load_turns(path, limit)
 
 
 def render(tokenizer, turns: list[str], answers: list[str], system_prompt: str | None = None):
