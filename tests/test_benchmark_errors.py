@@ -64,7 +64,7 @@ def _job_fails(capsys, overrides) -> str:
         ("baselines.run=[hf_foo]", ["hf_foo", "hf_generate"]),
         ("calibration.bins=0", ["calibration.bins=0"]),
         ("device=tpu", ["device='tpu'", "cpu"]),
-        ("datasets=[gsm9k]", ["'gsm9k'", "Known names: tiny, embedded"]),
+        ("datasets=[gsm9k]", ["'gsm9k'", "Known names: gsm8k, humaneval", "tiny, embedded"]),
         ("datasets=[]", ["datasets is empty"]),
         ("datasets=[tiny,tiny]", ["more than once"]),
     ],
