@@ -16,7 +16,6 @@ the hub through `datasets`, converted to the same turns.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from dspark.data.prompts.public_sets import BENCH_SETS
@@ -47,33 +46,9 @@ def _local_bench_dir(bench_dir: str | Path | None) -> Path | None:
 
 def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
     """Read a `{"turns": ["user turn", ...]}` JSONL file into a list of turn lists."""
-    path = Path(path)
-    conversations: list[list[str]] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BadInputError(
-                    f"{path}:{lineno}: not a JSON line ({e}); each line holds one "
-                    '{"turns": [...]} object'
-                ) from None
-            turns = row.get("turns") if isinstance(row, dict) else None
-            if (
-                not isinstance(turns, list)
-                or not turns
-                or not all(isinstance(t, str) for t in turns)
-            ):
-                raise BadInputError(
-                    f"{path}:{lineno}: expected an object with a non-empty list of strings under "
-                    f'"turns", got {line[:120]!r}'
-                )
-            conversations.append(turns)
-            if limit is not None and len(conversations) >= limit:
-                break
-    return conversations
+    from dspark.data.prompts.named_sets import read_prompt_file
+
+    return [list(row["turns"]) for row in read_prompt_file(path, limit=limit)]
 
 
 def load_embedded(limit: int | None = None) -> list[list[str]]:

@@ -61,21 +61,37 @@ def local_dir(spec: PublicSet, given: str | os.PathLike | None = None) -> Path |
     return next((p for p in sibling if p.is_dir()), None)
 
 
-def read_prompt_file(path: Path, source: str | None = None) -> list[dict]:
+def read_prompt_file(
+    path: str | os.PathLike, source: str | None = None, limit: int | None = None
+) -> list[dict]:
     """The `{"turns": [...]}` rows of a JSONL file (only those whose `source` is `source`,
-    when given); a bad line is a `BadInputError` naming the file and line."""
-    out = []
+    when given; the first `limit`); a bad line is a `BadInputError` naming the file and line.
+    The one reader of the project's prompt files (bench sets, training prompts)."""
+    path = Path(path)
+    out: list[dict] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
+            if limit is not None and len(out) >= limit:
+                break
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise BadInputError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
+                raise BadInputError(
+                    f'{path}:{lineno}: not a JSON line ({e.msg}); each line holds one {{"turns": '
+                    "[...]} object"
+                ) from None
             turns = row.get("turns") if isinstance(row, dict) else None
-            if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-                raise BadInputError(f'{path}:{lineno}: expected {{"turns": ["...", ...]}}')
+            if (
+                not turns
+                or not isinstance(turns, list)
+                or not all(isinstance(t, str) for t in turns)
+            ):
+                raise BadInputError(
+                    f"{path}:{lineno}: expected an object with a non-empty list of strings under "
+                    f'"turns", got {line[:120]!r}'
+                )
             if source is None or row.get("source") == source:
                 out.append(row)
     return out

@@ -20,7 +20,6 @@ prompt set rebuilt from the same samples keeps and rejects the same rows.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import unicodedata
@@ -234,21 +233,11 @@ def read_bench_texts(bench_dir: str | Path) -> list[tuple[str, str]]:
             f"--bench-dir {bench_dir} holds no *.jsonl bench set; point it at the folder of "
             "the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
         )
-    out = []
-    for path in files:
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BadInputError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
-                turns = row.get("turns") if isinstance(row, dict) else None
-                if not isinstance(turns, list):
-                    raise BadInputError(f'{path}:{lineno}: expected {{"turns": [...]}}')
-                out += [(path.stem, t) for t in turns if isinstance(t, str)]
-    return out
+    from dspark.data.prompts.named_sets import read_prompt_file
+
+    return [
+        (path.stem, t) for path in files for row in read_prompt_file(path) for t in row["turns"]
+    ]
 
 
 def find_bench_dir(given: str | None = None) -> Path | None:
