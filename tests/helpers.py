@@ -320,3 +320,46 @@ def real_draft(model, tok, **kw):
     one layer unless told otherwise."""
     kw = {"block_size": 4, "markov_rank": 16, **kw}
     return make_draft(model, tok, **kw).eval().requires_grad_(False)
+
+
+# ------------------------------------------------------------------ objective
+# A tiny supervised batch and reduced-vocabulary drafts (tests/test_objective.py,
+# tests/test_chunked_loss.py).
+def make_batch(S=18, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 300, (2, S), generator=gen)
+    am = torch.ones(2, S, dtype=torch.long)
+    am[1, 14:] = 0  # right padding
+    lm = torch.ones(2, S, dtype=torch.long)
+    lm[:, :3] = 0  # prompt
+    lm[0, 10] = 0  # a gap inside the answer
+    lm[1, 14:] = 0
+    return {"input_ids": ids, "attention_mask": am, "loss_mask": lm}
+
+
+def reduced_draft(target, tok, kept, **kw):
+    """`make_draft`'s draft with a reduced vocabulary of the target ids `kept [K]`, built the
+    way training builds one (`draft_vocab_size` K, `from_target(kept_ids=)`)."""
+    cfg = DSparkConfig.from_target_config(
+        target.config,
+        num_hidden_layers=1,
+        markov_rank=8,
+        mask_token_id=choose_mask_token_id(tok, target.config.vocab_size),
+        draft_vocab_size=int(kept.numel()),
+        **kw,
+    )
+    torch.manual_seed(0)
+    draft = DSparkDraftModel.from_target(target, cfg, kept_ids=kept)
+    assert torch.equal(draft.kept_target_ids, kept)
+    assert draft.lm_head.weight.shape[0] == kept.numel()
+    return draft
+
+
+def kept_ids_for(target, batch, seed=0):
+    """Sorted target ids: every target argmax of the batch (so greedy matches happen) plus a
+    random half of the vocabulary (so some data tokens fall outside)."""
+    with torch.no_grad():
+        top = target(batch["input_ids"]).logits.argmax(-1).flatten()
+    V = target.config.vocab_size
+    half = torch.randperm(V, generator=torch.Generator().manual_seed(seed))[: V // 2]
+    return torch.unique(torch.cat([top, half]))

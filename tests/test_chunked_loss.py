@@ -8,8 +8,7 @@ import math
 
 import pytest
 import torch
-from helpers import make_draft
-from test_objective import kept_ids_for, make_batch, reduced_draft
+from helpers import kept_ids_for, make_batch, make_draft, reduced_draft
 
 from dspark import losses as L
 from dspark.modeling.slot_chunks import chunk_bounds

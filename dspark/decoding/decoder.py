@@ -50,6 +50,7 @@ from dspark.decoding.sampling import Sampling
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import accept
 from dspark.decoding.verify_policy import VerifyPolicy
+from dspark.timing import sync
 
 if TYPE_CHECKING:
     from dspark.modeling.protocols import DraftInference
@@ -330,8 +331,8 @@ class SpeculativeDecoder:
 
     def _clock(self) -> float:
         """Now, after the device's queued work when rounds are timed."""
-        if self.time_rounds and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.time_rounds:
+            sync(self.device)
         return time.perf_counter()
 
     def _generator(self, seed: int | None):
