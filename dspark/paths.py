@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from dspark.errors import MissingPathError
@@ -80,16 +81,33 @@ def bench_dir_candidates() -> list[Path]:
     return [Path.cwd().parent / SHARED_BENCH, REPO_ROOT.parent / SHARED_BENCH]
 
 
-def bench_dir_or_none(given: str | os.PathLike | None, label: str = "bench_dir") -> Path | None:
-    """`given` (named `label` in the error), else `$DSPARK_BENCH_DIR` (each must exist: a
-    `MissingPathError` otherwise), else the first existing `bench_dir_candidates()`, else None."""
-    for value, key in ((given, label), (os.environ.get(BENCH_ENV), BENCH_ENV)):
+def data_dir_or_none(
+    given: str | os.PathLike | None,
+    label: str,
+    env: str,
+    candidates: Iterable[Path],
+    holds: str,
+) -> Path | None:
+    """`given` (named `label` in the error), else `$env` (each must exist: a `MissingPathError`
+    naming `holds`, what the folder is for, otherwise), else the first existing of
+    `candidates`, else None."""
+    for value, key in ((given, label), (os.environ.get(env), env)):
         if value:
             path = Path(value).expanduser()
             if not path.is_dir():
                 raise MissingPathError(
-                    f"{key}={value}: no such directory; point it at the folder of the bench "
-                    "sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
+                    f"{key}={value}: no such directory; point it at the folder of {holds}"
                 )
             return path
-    return next((p for p in bench_dir_candidates() if p.is_dir()), None)
+    return next((p for p in candidates if p.is_dir()), None)
+
+
+def bench_dir_or_none(given: str | os.PathLike | None, label: str = "bench_dir") -> Path | None:
+    """The bench-set folder by `data_dir_or_none`'s order, `$DSPARK_BENCH_DIR` its variable."""
+    return data_dir_or_none(
+        given,
+        label,
+        BENCH_ENV,
+        bench_dir_candidates(),
+        "the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...)",
+    )

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from dspark.data.prompts.public_sets import PUBLIC_SETS, TRAIN_MIX, PublicSet, to_prompt_row
 from dspark.errors import BadInputError, MissingPathError
-from dspark.paths import BENCH_ENV, bench_dir_candidates, bench_dir_or_none
+from dspark.paths import BENCH_ENV, bench_dir_candidates, bench_dir_or_none, data_dir_or_none
 
 PROMPTS_ENV = "DSPARK_PROMPTS_DIR"
 
@@ -48,17 +48,13 @@ def local_dir(spec: PublicSet, given: str | os.PathLike | None = None) -> Path |
     """The local folder for `spec`'s kind by the search order above (None: no folder)."""
     if spec.kind == "bench":
         return bench_dir_or_none(given, "bench_dir")
-    for value, key in ((given, "prompts_dir"), (os.environ.get(PROMPTS_ENV), PROMPTS_ENV)):
-        if value:
-            path = Path(value).expanduser()
-            if not path.is_dir():
-                raise MissingPathError(
-                    f"{key}={value}: no such directory; point it at the folder of the training "
-                    "prompt sets (train_mix.jsonl, gsm8k-train.jsonl, ...)"
-                )
-            return path
-    sibling = (c.parent / "prompts" for c in bench_dir_candidates())
-    return next((p for p in sibling if p.is_dir()), None)
+    return data_dir_or_none(
+        given,
+        "prompts_dir",
+        PROMPTS_ENV,
+        (c.parent / "prompts" for c in bench_dir_candidates()),
+        "the training prompt sets (train_mix.jsonl, gsm8k-train.jsonl, ...)",
+    )
 
 
 def read_prompt_file(
