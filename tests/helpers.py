@@ -363,3 +363,36 @@ def kept_ids_for(target, batch, seed=0):
     V = target.config.vocab_size
     half = torch.randperm(V, generator=torch.Generator().manual_seed(seed))[: V // 2]
     return torch.unique(torch.cat([top, half]))
+
+
+# ------------------------------------------------------------------ resume
+def kill_then_resume(monkeypatch, cfg, kill_at: int) -> dict:
+    """Run the training loop on `cfg` with its objective's `kill_at`-th step raising (a kill),
+    then run it again unpatched; the second run's result (it resumes from a checkpoint)."""
+    import pytest
+
+    from dspark.training import loop
+
+    real_build = loop.build_objective_for
+
+    class Killed(RuntimeError):
+        pass
+
+    def dying_build(*a, **k):
+        obj, calls = real_build(*a, **k), [0]
+        step = obj.step
+
+        def counted(*sa, **sk):
+            calls[0] += 1
+            if calls[0] == kill_at:
+                raise Killed
+            return step(*sa, **sk)
+
+        obj.step = counted
+        return obj
+
+    monkeypatch.setattr(loop, "build_objective_for", dying_build)
+    with pytest.raises(Killed):
+        loop.run(cfg)
+    monkeypatch.setattr(loop, "build_objective_for", real_build)
+    return loop.run(cfg)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import debug_cfg, losses, make_draft
+from helpers import debug_cfg, kill_then_resume, losses, make_draft
 from omegaconf import OmegaConf
 
 from dspark.errors import BadInputError
@@ -234,29 +234,9 @@ def test_a_resumed_muon_run_continues_exactly(tmp_path, debug_data, monkeypatch)
               "trainer.keep_last=3")  # fmt: skip
     loop.run(debug_cfg(tmp_path / "whole", debug_data, *common))
 
-    real_build = loop.build_objective_for
-
-    class Killed(RuntimeError):
-        pass
-
-    def dying_build(*a, **k):
-        obj, calls = real_build(*a, **k), [0]
-        step = obj.step
-
-        def counted(*sa, **sk):
-            calls[0] += 1
-            if calls[0] == 5:  # after the checkpoint at step 3
-                raise Killed
-            return step(*sa, **sk)
-
-        obj.step = counted
-        return obj
-
-    monkeypatch.setattr(loop, "build_objective_for", dying_build)
-    with pytest.raises(Killed):
-        loop.run(debug_cfg(tmp_path / "split", debug_data, *common))
-    monkeypatch.setattr(loop, "build_objective_for", real_build)
-    res = loop.run(debug_cfg(tmp_path / "split", debug_data, *common))
+    # the 5th objective step raises: after the checkpoint at step 3
+    split_cfg = debug_cfg(tmp_path / "split", debug_data, *common)
+    res = kill_then_resume(monkeypatch, split_cfg, kill_at=5)
     assert res["resumed_from"].endswith("step_00000003")
     whole, split = losses(tmp_path / "whole"), losses(tmp_path / "split")
     for s in range(1, 7):

@@ -4,7 +4,7 @@
 from pathlib import Path
 
 import pytest
-from helpers import debug_cfg, losses
+from helpers import debug_cfg, kill_then_resume, losses
 
 
 def test_debug_run_learns_and_saves_a_loadable_draft(tmp_path, debug_data):
@@ -69,29 +69,9 @@ def test_kill_and_resume_reproduces_the_uninterrupted_losses(tmp_path, debug_dat
     loop.run(debug_cfg(tmp_path / "whole", debug_data, *common))
     whole = losses(tmp_path / "whole")
 
-    real_build = loop.build_objective_for
-
-    class Killed(RuntimeError):
-        pass
-
-    def dying_build(*a, **k):
-        obj, calls = real_build(*a, **k), [0]
-        step = obj.step
-
-        def counted(*sa, **sk):
-            calls[0] += 1
-            if calls[0] == 5:  # mid-way between the checkpoints at steps 3 and 6
-                raise Killed
-            return step(*sa, **sk)
-
-        obj.step = counted
-        return obj
-
-    monkeypatch.setattr(loop, "build_objective_for", dying_build)
-    with pytest.raises(Killed):
-        loop.run(debug_cfg(tmp_path / "split", debug_data, *common))
-    monkeypatch.setattr(loop, "build_objective_for", real_build)
-    res = loop.run(debug_cfg(tmp_path / "split", debug_data, *common))
+    # the 5th objective step raises: mid-way between the checkpoints at steps 3 and 6
+    split_cfg = debug_cfg(tmp_path / "split", debug_data, *common)
+    res = kill_then_resume(monkeypatch, split_cfg, kill_at=5)
     assert res["resumed_from"].endswith("step_00000003")
     split = losses(tmp_path / "split")
     for s in range(1, 9):
