@@ -23,7 +23,7 @@ import torch
 
 from dspark.dtype_choice import CANDIDATES
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: verify passes row-exact where the decoder runs them so
 
 
 def device_label(device: torch.device) -> str:
@@ -46,7 +46,15 @@ def _draft_signature(draft) -> dict | None:
     }
 
 
-def probe_key(target, *, batch: int, tokens: Sequence[int], taps: Sequence[int], draft) -> dict:
+def probe_key(
+    target,
+    *,
+    batch: int,
+    tokens: Sequence[int],
+    taps: Sequence[int],
+    draft,
+    exact_rows: bool | None = None,
+) -> dict:
     """What the cached profile is valid for (it is measured again when any of this differs)."""
     device = next(target.parameters()).device
     return {
@@ -59,6 +67,8 @@ def probe_key(target, *, batch: int, tokens: Sequence[int], taps: Sequence[int],
         "tokens": [int(n) for n in tokens],
         "taps": [int(t) for t in taps],
         "draft": _draft_signature(draft),
+        # row-exact verify passes (None: each dtype's default, row_attention.py)
+        "exact_rows": None if exact_rows is None else bool(exact_rows) and int(batch) == 1,
     }
 
 
@@ -87,8 +97,10 @@ def measure_one(
     taps: Sequence[int] = (),
     context_len: int = 128,
     repeats: int = 5,
+    exact_rows: bool | None = None,
 ) -> dict:
-    """{"t_ar", "t_verify": {n: s}, "t_draft"} of `target` (and `draft`) as they are."""
+    """{"t_ar", "t_verify": {n: s}, "t_draft"} of `target` (and `draft`) as they are;
+    `exact_rows`: verify passes as the decoder runs them (None: its default)."""
     from dspark.decoding.round_cost import RoundBench
 
     bench = RoundBench(
@@ -98,6 +110,7 @@ def measure_one(
         context_len=context_len,
         max_tokens=max([1, *tokens]),
         taps=None if draft is not None else list(taps),
+        exact_rows=exact_rows,
     )
     # [B, n] tokens a pass, tapped as a verify / capture pass is (no draft context written)
     out: dict = {
@@ -120,6 +133,7 @@ def probe(
     taps: Sequence[int] = (),
     context_len: int = 128,
     repeats: int = 5,
+    exact_rows: bool | None = None,
 ) -> dict[str, dict]:
     """`measure_one` per candidate dtype, each on a copy cast to it (the models are untouched)."""
     from dspark.target.loading import _as_dtype
@@ -131,7 +145,14 @@ def probe(
         t = copy.deepcopy(target).to(dtype).eval()
         d = copy.deepcopy(draft).to(dtype).eval() if draft is not None else None
         profile[str(dtype).replace("torch.", "")] = measure_one(
-            t, d, batch=batch, tokens=tokens, taps=taps, context_len=context_len, repeats=repeats
+            t,
+            d,
+            batch=batch,
+            tokens=tokens,
+            taps=taps,
+            context_len=context_len,
+            repeats=repeats,
+            exact_rows=exact_rows,
         )
         del t, d
     return profile
@@ -146,12 +167,15 @@ def load_or_probe(
     tokens: Sequence[int] = (2, 8),
     taps: Sequence[int] = (),
     refresh: bool = False,
+    exact_rows: bool | None = None,
     **kwargs,
 ) -> dict:
     """{"key", "profile", "cache_path", "cached"}: the cached probe for this device, target,
     batch and draft shape when one holds every candidate, else a fresh one (then cached)."""
     taps = list(draft.config.target_layer_ids) if draft is not None else list(taps)
-    key = probe_key(target, batch=batch, tokens=tokens, taps=taps, draft=draft)
+    key = probe_key(
+        target, batch=batch, tokens=tokens, taps=taps, draft=draft, exact_rows=exact_rows
+    )
     path = cache_path(key)
     want = [str(_dtype_name(c)) for c in candidates]
     if path.exists() and not refresh:
@@ -162,7 +186,16 @@ def load_or_probe(
         if saved.get("key") == key and all(d in saved.get("profile", {}) for d in want):
             prof = {d: _int_keys(saved["profile"][d]) for d in want}
             return {"key": key, "profile": prof, "cache_path": str(path), "cached": True}
-    prof = probe(target, draft, candidates=want, batch=batch, tokens=tokens, taps=taps, **kwargs)
+    prof = probe(
+        target,
+        draft,
+        candidates=want,
+        batch=batch,
+        tokens=tokens,
+        taps=taps,
+        exact_rows=exact_rows,
+        **kwargs,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{id(prof)}")
     tmp.write_text(json.dumps({"key": key, "profile": prof}, indent=2) + "\n")

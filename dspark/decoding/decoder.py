@@ -46,6 +46,7 @@ from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.live_batch import LiveBatch
 from dspark.decoding.observer import DecodeObserver
 from dspark.decoding.output import GenerationOutput
+from dspark.decoding.row_attention import default_exact_rows
 from dspark.decoding.sampling import Sampling
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import accept
@@ -91,6 +92,7 @@ class SpeculativeDecoder:
         time_rounds: bool = True,
         observer: DecodeObserver | None = None,
         cpu_fast_paths: bool = True,
+        exact_rows: bool | None = None,
         **options: Any,
     ):
         picked = {k: options.pop(k) for k in SAMPLING_OPTIONS if k in options}
@@ -110,12 +112,22 @@ class SpeculativeDecoder:
         taps = list(draft.config.target_layer_ids) if draft is not None else []
         self.cpu_fast_paths = cpu_fast_paths
         self.runner = TargetRunner(target, taps, cpu_fast_paths=cpu_fast_paths)
+        self._exact_rows, self._compiled = exact_rows, compile
         # a reduced draft vocabulary's kept target ids (None: the draft scores all V)
         self.draft_vocab = DraftVocab.of(draft, self.device) if draft is not None else None
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
         if compile:
             self.runner.compile(dynamic=True)
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether batch-1 verify passes run row-exact (row_attention.py): as asked, else the
+        default for the target's device and its dtype now."""
+        if self._exact_rows is not None:
+            return bool(self._exact_rows)
+        dtype = next(self.target.parameters()).dtype
+        return default_exact_rows(self.device, self._compiled, dtype)
 
     # callers read and set the sampling settings between calls (dspark/data/decoder_backend.py)
     @property
@@ -301,9 +313,14 @@ class SpeculativeDecoder:
         `(logits [R, n, V], tapped features or None, positions [R, n])`."""
         n = ids.shape[1]
         pos = batch.anchor_pos[:, None] + torch.arange(n, device=self.device)
-        kv_len = bucket(max(batch.positions) + n, self.kv_bucket, batch.cache.max_len)
+        cap = batch.cache.max_len
+        kv_len = bucket(max(batch.positions) + n, self.kv_bucket, cap)
+        rows = None
+        if n > 1 and len(batch.positions) == 1 and self.exact_rows:
+            # row i attends what the 1-token step at its position would (row_attention.py)
+            rows = [bucket(batch.positions[0] + i + 1, self.kv_bucket, cap) for i in range(n)]
         logits, taps = self.runner.forward(
-            ids, pos, batch.cache, kv_len, start=batch.start, tapped=tapped
+            ids, pos, batch.cache, kv_len, start=batch.start, tapped=tapped, row_kv_lens=rows
         )
         return logits, taps, pos
 

@@ -6,7 +6,7 @@ timed draft's context cache), then times, each a `dspark.timing.median_time` of 
 calls:
 - `ar_step`: one plain AR step (1 token a row, logits, argmax);
 - `verify(n)`: one target pass over n <= N tokens a row after the context, tapped when the
-  bench has taps, with the argmax the verifier takes and (`write_context=True`) the draft's
+  bench has taps, row-exact where the decoder would run it so (`exact_rows`, row_attention.py), with the argmax the verifier takes and (`write_context=True`) the draft's
   `context_kv` of the new features written into its context cache: the target side of a round;
 - `draft_round(draft)`: one `propose` call (block pass + serial Markov loop + confidence) at
   T = 0 over the C-token context, with the draft's reduced vocabulary when it has one.
@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
+from dspark.decoding.row_attention import default_exact_rows
 from dspark.decoding.target_step import TargetRunner
 from dspark.timing import median_time
 
@@ -34,7 +35,8 @@ class RoundBench:
     `taps`: the target layers tapped in `verify` (default: `draft`'s `target_layer_ids`, none
     without a draft); `draft`: the draft whose context cache `verify` writes. `max_tokens`:
     the most tokens a row one `verify` runs; `gamma`: the block size of the rounds timed
-    (default `draft`'s, else 0)."""
+    (default `draft`'s, else 0). `exact_rows`: time verify passes with row-exact attention
+    (default: where the decoder uses it, `default_exact_rows`; only batch 1 runs it)."""
 
     def __init__(
         self,
@@ -47,9 +49,14 @@ class RoundBench:
         taps: Sequence[int] | None = None,
         gamma: int | None = None,
         seed: int = 0,
+        exact_rows: bool | None = None,
     ) -> None:
         self.target, self.draft = target, draft
         self.device = next(target.parameters()).device
+        if exact_rows is None:
+            dtype = next(target.parameters()).dtype
+            exact_rows = default_exact_rows(self.device, compile=False, dtype=dtype)
+        self.exact_rows = bool(exact_rows) and int(batch) == 1
         self.batch, self.context_len = int(batch), int(context_len)
         if gamma is None:
             gamma = int(draft.config.block_size) if draft is not None else 0
@@ -89,6 +96,9 @@ class RoundBench:
         """`(logits, tapped features)` of the `n` tokens a row after the context."""
         step = slice(self.context_len, self.context_len + n)
         kv_len = bucket(self.context_len + n, 16, self.max_len)
+        rows = None
+        if self.exact_rows and n > 1:  # as SpeculativeDecoder._target_pass
+            rows = [bucket(self.context_len + i + 1, 16, self.max_len) for i in range(n)]
         return self.runner.forward(
             self.ids[:, step],
             self.pos[:, step],
@@ -96,6 +106,7 @@ class RoundBench:
             kv_len,
             start=self.context_len,
             tapped=tapped,
+            row_kv_lens=rows,
         )
 
     def ar_step(self) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from dspark.decoding.cache import TargetKVCache, causal_mask
 from dspark.decoding.cpu_paths import matvec_head_logits
+from dspark.decoding.row_attention import base_attention_of, dispatching_rows
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -62,21 +63,30 @@ class TargetRunner:
         start: int | None = None,
         tapped: bool = False,
         logits_at: torch.Tensor | None = None,
+        row_kv_lens: list[int] | None = None,
     ):
         """Run `input_ids [B, n]` at `positions [B, n]`, writing K/V into `cache`.
 
         Returns `(logits, tapped)`: logits `[B, n, V]` (or `[B, V]` at the per-row indices
         `logits_at [B]`), fp32; tapped `[B, n, len(tap_ids) * H]` or None.
+        `row_kv_lens [n]`: attend one query row at a time, row i to the first `row_kv_lens[i]`
+        slots (row_attention.py: each row then computes as a 1-token pass there would).
         """
         cache.prepare(positions, kv_len, start)
         mask = causal_mask(positions, kv_len, self.mask_dtype)
-        hidden, taps = self._core(input_ids, positions, mask, cache, tapped)
+        if row_kv_lens is not None and input_ids.shape[1] > 1:
+            # the attention the layers run now, run per row (row_attention.py)
+            rows = {"row_kv_lens": row_kv_lens, "base_attention": base_attention_of(self.model)}
+            with dispatching_rows(self.model):
+                hidden, taps = self._core(input_ids, positions, mask, cache, tapped, rows)
+        else:
+            hidden, taps = self._core(input_ids, positions, mask, cache, tapped)
         if logits_at is not None:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_at]
         logits = head_logits(self.model.lm_head, hidden, self.cpu_fast_paths)
         return logits, taps
 
-    def _fast_core(self, input_ids, positions, mask, cache, tapped):
+    def _fast_core(self, input_ids, positions, mask, cache, tapped, attn_kwargs=None):
         base = self.model.model
         h = base.embed_tokens(input_ids)
         rope = base.rotary_emb(h, positions)
@@ -90,6 +100,7 @@ class TargetRunner:
                 position_embeddings=rope,
                 position_ids=positions,
                 cache=cache,
+                **(attn_kwargs or {}),
             )
             if isinstance(h, tuple):
                 h = h[0]
@@ -101,7 +112,7 @@ class TargetRunner:
         feats = torch.cat([taps[i] for i in self.tap_ids], dim=-1) if tapped else None
         return h, feats
 
-    def _hf_core(self, input_ids, positions, mask, cache, tapped):
+    def _hf_core(self, input_ids, positions, mask, cache, tapped, attn_kwargs=None):
         out = self.model.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -109,6 +120,7 @@ class TargetRunner:
             cache=cache,
             use_cache=True,
             output_hidden_states=tapped,
+            **(attn_kwargs or {}),
         )
         feats = None
         if tapped:

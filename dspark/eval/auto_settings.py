@@ -68,7 +68,12 @@ def choose(cfg, target, draft) -> dict:
     wanted_length = parse_verify_length(cfg.verify_length, block)
     acc = draft_acceptance(cfg.draft, cfg.temperature, block)
     out: dict = {"acceptance": acc, "batch": cfg.batch_size}
-    probe_kw = dict(batch=cfg.batch_size, repeats=cfg.probe_repeats, refresh=cfg.probe_refresh)
+    probe_kw = dict(
+        batch=cfg.batch_size,
+        repeats=cfg.probe_repeats,
+        refresh=cfg.probe_refresh,
+        exact_rows=cfg.exact_rows,
+    )
     measured = None
     if cfg.dtype == "auto":
         d = dtype_probe.choose(target, draft, job="speculative", accept=acc["accept"], **probe_kw)

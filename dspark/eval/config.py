@@ -81,6 +81,10 @@ class BenchmarkConfig:
     # drafts verified per round: auto (from the draft's held-out acceptance per position and
     # this machine's measured verify-cost curve; the full block without them), full, or 1..gamma
     verify_length: str = "auto"
+    # T=0 verify passes attend one query row at a time, as the 1-token step does, so greedy
+    # output equals plain greedy in bf16 too (dspark/decoding/row_attention.py; batch 1);
+    # null: on for CPUs (its measured cost is in docs/results.md), off elsewhere
+    exact_rows: bool | None = None
     probe_repeats: int = 5  # timed calls per figure of the dtype / verify-cost probe (medians)
     probe_refresh: bool = False  # measure again instead of reading the cached probe
     num_threads: int | None = None  # torch CPU threads; null: torch's default

@@ -176,6 +176,7 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
         calibrate=cfg.calibrate,
         max_length=int(getattr(target.config, "max_position_embeddings", 0) or 32768),
         compile=cfg.compile,
+        exact_rows=cfg.exact_rows,
     )
     layers = None
     assistant = None
@@ -191,6 +192,7 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     conds = conditions(cfg, spec, draft, target, block, layers)
     conds["verify_length"] = auto["verify_length"]["chosen"]
     conds["dtype_requested"] = cfg.dtype
+    conds["exact_rows"] = decoder.exact_rows
     conds["baseline_dtypes"] = [conds["dtype"], *bench.plain]
     results = summarize(records, block, cfg, has_conf, conds)
     results["auto_settings"] = auto
