@@ -6,12 +6,14 @@ per candidate dtype (seconds, medians):
 - `t_ar`: one plain AR step of B rows (1 token each);
 - `t_verify[n]`: one target pass of B rows x n tokens with the tapped features (a speculative
   round's verify of n - 1 drafts plus the anchor; for feature capture, a forward of n tokens);
-- `t_draft`: one draft round (`propose`) of B rows, None without a draft.
-Keys of `t_verify` may be strings (a profile read back from JSON).
+- `t_draft`: one draft round (`propose`) of B rows, None without a draft;
+- `t_draft_steps[L]` (optional): a draft round that drafts only the L tokens a round verifying
+  L drafts needs (the decoder's full-block policy stops the Markov loop there).
+Keys of `t_verify` / `t_draft_steps` may be strings (a profile read back from JSON).
 
 Decisions, each the argmin of a job's cost per committed token:
 - `plain` (benchmark baseline, regeneration): `t_ar`;
-- `speculative`: min over L of `(t_draft + t_verify[L + 1]) / tau(L)`, tau(L) from the
+- `speculative`: min over L of `(t_draft(L) + t_verify[L + 1]) / tau(L)`, tau(L) from the
   draft's conditional acceptance per position (`expected_tokens`); without an acceptance
   profile the full block's round cost `t_draft + t_verify[gamma + 1]` (tau is then the same
   in every dtype, so the cheaper round wins);
@@ -40,16 +42,23 @@ def expected_tokens(accept: Sequence[float], n_verify: int) -> float:
     return tau
 
 
+def draft_cost(p: Mapping, n_verify: int) -> float:
+    """Seconds of a draft round that verifies `n_verify` drafts: `t_draft_steps[L]` where it
+    was measured, else the whole block's `t_draft` (0 without a draft)."""
+    steps = {int(n): float(t) for n, t in (p.get("t_draft_steps") or {}).items()}
+    return steps.get(int(n_verify), float(p.get("t_draft") or 0.0))
+
+
 def verify_curve(p: Mapping, accept: Sequence[float]) -> list[dict]:
     """Per verify length L = 1..min(len(accept), measured): tau, round seconds, seconds per
     committed token and predicted speedup over this dtype's plain step."""
-    curve, t_draft = _curve(p), float(p.get("t_draft") or 0.0)
+    curve = _curve(p)
     rows = []
     for L in range(1, len(accept) + 1):
         if L + 1 not in curve:
             break
         tau = expected_tokens(accept, L)
-        round_s = t_draft + curve[L + 1]
+        round_s = draft_cost(p, L) + curve[L + 1]
         rows.append(
             {
                 "L": L,

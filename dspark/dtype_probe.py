@@ -23,7 +23,8 @@ import torch
 
 from dspark.dtype_choice import CANDIDATES
 
-PROBE_VERSION = 2  # 2: verify passes row-exact where the decoder runs them so
+# 2: verify passes row-exact where the decoder runs them so; draft rounds per verify length
+PROBE_VERSION = 2
 
 
 def device_label(device: torch.device) -> str:
@@ -99,7 +100,8 @@ def measure_one(
     repeats: int = 5,
     exact_rows: bool | None = None,
 ) -> dict:
-    """{"t_ar", "t_verify": {n: s}, "t_draft"} of `target` (and `draft`) as they are;
+    """{"t_ar", "t_verify": {n: s}, "t_draft", "t_draft_steps": {L: s}} of `target` (and
+    `draft`) as they are (`t_draft`: the whole block; `t_draft_steps[L]`: its first L tokens);
     `exact_rows`: verify passes as the decoder runs them (None: its default)."""
     from dspark.decoding.round_cost import RoundBench
 
@@ -120,6 +122,13 @@ def measure_one(
         },
         "t_draft": bench.time_draft(repeats) if draft is not None else None,
     }
+    if draft is not None:  # a round verifying L drafts runs the Markov loop L steps only
+        gamma = int(draft.config.block_size)
+        out["t_draft_steps"] = {
+            int(n) - 1: bench.time_draft(repeats, steps=int(n) - 1)
+            for n in tokens
+            if 2 <= int(n) <= gamma + 1
+        }
     return out
 
 
@@ -204,8 +213,11 @@ def load_or_probe(
 
 
 def _int_keys(p: dict) -> dict:
-    """JSON made the token counts of `t_verify` strings: back to ints."""
-    return p | {"t_verify": {int(n): float(t) for n, t in p["t_verify"].items()}}
+    """JSON made the token counts of `t_verify` / `t_draft_steps` strings: back to ints."""
+    out = p | {"t_verify": {int(n): float(t) for n, t in p["t_verify"].items()}}
+    if p.get("t_draft_steps"):
+        out["t_draft_steps"] = {int(n): float(t) for n, t in p["t_draft_steps"].items()}
+    return out
 
 
 def choose(

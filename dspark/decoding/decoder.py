@@ -198,6 +198,7 @@ class SpeculativeDecoder:
         draft's context)."""
         assert self.draft is not None and batch.ctx is not None and batch.anchors is not None
         live = len(batch)
+        caps = self._caps(caps)
         if not self.policy.should_draft(live, max(caps)):  # it would not pay
             none = torch.zeros(live, dtype=torch.long, device=self.device)
             return DraftProposal.nothing(batch.anchors), none, [0] * live
@@ -218,13 +219,15 @@ class SpeculativeDecoder:
             confidence_temperatures=self.policy.confidence_temperatures,
             cpu_fast_paths=self.cpu_fast_paths,
             vocab=self.draft_vocab,
+            # a full-block policy verifies exactly the caps: draft no further than the largest
+            steps=max(1, *caps) if self.policy.kind == "full" else None,
         )
-        return (prop, *self._verify_lengths(prop, caps, live))
+        return (prop, *self.policy.lengths(prop.confidence, caps))
 
-    def _verify_lengths(self, prop, cap: list[int], live: int) -> tuple[torch.Tensor, list[int]]:
-        """The policy's verify lengths within `cap [live]` (a subclass may lower the caps:
-        dspark/eval/capped_decoder.py)."""
-        return self.policy.lengths(prop.confidence, cap)
+    def _caps(self, caps: list[int]) -> list[int]:
+        """The most drafts each live row may verify this round (the budget's bound, 1..gamma);
+        a subclass may lower them (dspark/eval/capped_decoder.py)."""
+        return caps
 
     def _verify(self, batch: LiveBatch, prop: DraftProposal, verify_len, n_verify: int, gen):
         """One target pass over [anchor, x_1..x_L] (L = `n_verify`), acceptance, and the

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the protocol module is light, but dspark.modeling's package
 
 @dataclass
 class DraftProposal:
-    tokens: torch.Tensor  # [B, gamma] long, target ids
+    tokens: torch.Tensor  # [B, n] long, target ids (n = gamma, or the round's `steps`)
     # [B, gamma, V] warped draft probabilities ([B, gamma, K] over `vocab.ids` for a reduced
     # draft vocabulary); None at T = 0
     q: torch.Tensor | None
@@ -55,8 +55,14 @@ def propose(
     confidence_temperatures: torch.Tensor | None = None,
     cpu_fast_paths: bool = True,
     vocab: DraftVocab | None = None,
+    steps: int | None = None,
 ) -> DraftProposal:
-    """Draft `gamma` tokens after `anchor [B]` sitting at `anchor_pos [B]`.
+    """Draft `gamma` tokens after `anchor [B]` sitting at `anchor_pos [B]`; with `steps`
+    (1..gamma), only the first `steps` of them (a round that verifies no more).
+
+    The block pass always covers all gamma slots, so the first `steps` tokens and their
+    confidences are exactly those of the whole block (the Markov loop is causal); only the
+    lm_head rows, the serial loop and the confidence head shrink to `steps`.
 
     `confidence_temperatures [>= gamma]` (STS, method doc section 4): c_k = sigmoid(z_k / T_k).
     `cpu_fast_paths`: the CPU lm_head form and the T = 0 Markov pruning (cpu_paths.py).
@@ -67,11 +73,14 @@ def propose(
     # draft ids -> target ids (identity for a full vocabulary)
     to_target = vocab.to_target if vocab is not None else _identity
     bsz = anchor.shape[0]
-    steps = torch.arange(gamma, device=anchor.device)
+    n = gamma if steps is None else int(steps)
+    if not 1 <= n <= gamma:
+        raise ValueError(f"steps={steps} must be in 1..gamma={gamma}")
+    slots = torch.arange(gamma, device=anchor.device)
     block = torch.full((bsz, gamma), mask_token_id, dtype=torch.long, device=anchor.device)
     block[:, 0] = anchor
-    h = draft.block_hidden(block, anchor_pos[:, None] + steps, ctx_kv, ctx_valid)
-    logits = head_logits(draft.lm_head, h, cpu_fast_paths)  # U [B, gamma, V or K]
+    h = draft.block_hidden(block, anchor_pos[:, None] + slots, ctx_kv, ctx_valid)[:, :n]
+    logits = head_logits(draft.lm_head, h, cpu_fast_paths)  # U [B, n, V or K]
     head = getattr(draft, "markov_head", None)
     conf_head = getattr(draft, "confidence_head", None)
     greedy = temperature <= 0
@@ -80,8 +89,8 @@ def propose(
         tokens = to_target(logits.argmax(-1) if q is None else sample(q, generator))
         conf = None
         if conf_head is not None:
-            conf = conf_head(h.reshape(bsz * gamma, -1), None)
-            conf = _calibrated(conf.float().reshape(bsz, gamma), confidence_temperatures)
+            conf = conf_head(h.reshape(bsz * n, -1), None)
+            conf = _calibrated(conf.float().reshape(bsz, n), confidence_temperatures)
         return DraftProposal(tokens, q, conf, vocab)
     state = head.init_state(bsz)
     prev = anchor  # [B] target ids: the Markov head reads W1 [V, r] at the previous token
@@ -89,7 +98,7 @@ def propose(
     qs: list[torch.Tensor] = []
     feats: list[torch.Tensor] = []
     pruner = GreedyPruner.for_round(head, greedy, h.device) if cpu_fast_paths else None
-    for k in range(gamma):
+    for k in range(n):
         if pruner is not None:  # its argmax is a draft id
             pick, feat, state = pruner.step(logits[:, k], h[:, k], prev, state)
             prev = to_target(pick)
@@ -108,9 +117,9 @@ def propose(
         feats.append(feat)
     conf = None
     if conf_head is not None:  # one call for all slots, after the serial loop
-        flat_feat = torch.stack(feats, 1).reshape(bsz * gamma, -1)
-        conf = conf_head(h.reshape(bsz * gamma, -1), flat_feat)
-        conf = _calibrated(conf.float().reshape(bsz, gamma), confidence_temperatures)
+        flat_feat = torch.stack(feats, 1).reshape(bsz * n, -1)
+        conf = conf_head(h.reshape(bsz * n, -1), flat_feat)
+        conf = _calibrated(conf.float().reshape(bsz, n), confidence_temperatures)
     return DraftProposal(
         torch.stack(picked, 1),
         None if greedy else torch.stack(qs, 1),

@@ -9,7 +9,8 @@ calls:
   bench has taps, row-exact where the decoder would run it so (`exact_rows`, row_attention.py), with the argmax the verifier takes and (`write_context=True`) the draft's
   `context_kv` of the new features written into its context cache: the target side of a round;
 - `draft_round(draft)`: one `propose` call (block pass + serial Markov loop + confidence) at
-  T = 0 over the C-token context, with the draft's reduced vocabulary when it has one.
+  T = 0 over the C-token context, with the draft's reduced vocabulary when it has one (the
+  whole block, or its first `steps` tokens).
 Every timed call rewrites the same slots after the context, so the caches never grow.
 
 The cost model (`dspark.eval.cost_model`), the SPS profile (`dspark.decoding.sps`) and the
@@ -121,9 +122,10 @@ class RoundBench:
             kv = self.draft.context_kv(self.draft.encode_context(feats), step)
             self.context_cache.write(kv, step, start=self.context_len)
 
-    def draft_round_fn(self, draft=None):
+    def draft_round_fn(self, draft=None, steps: int | None = None):
         """A no-argument call of one `propose` round of `draft` (default: the bench's) over a
-        context cache filled from the prefill's tapped features."""
+        context cache filled from the prefill's tapped features; `steps`: draft only that many
+        tokens of the block (a round that verifies no more; None: the whole block)."""
         from dspark.decoding.draft_step import propose
         from dspark.decoding.draft_vocab import DraftVocab
 
@@ -153,6 +155,7 @@ class RoundBench:
                 gamma=gamma,
                 mask_token_id=mask_id,
                 vocab=vocab,
+                steps=steps,
             )
 
         return draft_round
@@ -170,5 +173,7 @@ class RoundBench:
     ) -> float:
         return self.time(lambda: self.verify(n, write_context), repeats, warmup)
 
-    def time_draft(self, repeats: int, draft=None, warmup: int = 1) -> float:
-        return self.time(self.draft_round_fn(draft), repeats, warmup)
+    def time_draft(
+        self, repeats: int, draft=None, warmup: int = 1, steps: int | None = None
+    ) -> float:
+        return self.time(self.draft_round_fn(draft, steps), repeats, warmup)

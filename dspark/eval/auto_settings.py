@@ -123,13 +123,15 @@ def report_lines(auto: dict | None) -> list[str]:
             f"Conditions: dtype=auto probe on `{c['device']}`, {c['threads']} threads, batch {c['batch']}"
             f" ({'read from' if d['cached'] else 'measured, cached in'} `{d['cache_path']}`):",
             "",
-            "| dtype | AR step | verify (tokens: ms) | draft round | job cost | from |",
+            "| dtype | AR step | verify (tokens: ms) | draft round (drafts: ms) | job cost | from |",
             "|---|---|---|---|---|---|",
         ]
         for name, p in d["measured"].items():
             curve = ", ".join(f"{n}: {1e3 * t:.1f}" for n, t in p["t_verify"].items())
+            steps = p.get("t_draft_steps") or {}
+            drafts = ", ".join(f"{n}: {1e3 * t:.1f}" for n, t in steps.items()) or ms(p["t_draft"])
             cost = d["costs"][name]
-            out.append(f"| {name} | {ms(p['t_ar'])} | {curve} | {ms(p['t_draft'])} | "
+            out.append(f"| {name} | {ms(p['t_ar'])} | {curve} | {drafts} | "
                        f"{ms(cost['cost_s'])} | {cost['from']} |")  # fmt: skip
         out += ["", f"**Chosen dtype: {d['dtype']}** (lowest {d['job']} cost per token).", ""]
     v = auto["verify_length"]

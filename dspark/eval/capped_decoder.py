@@ -3,13 +3,12 @@
 The benchmark's `verify_length` (dspark/eval/auto_settings.py) lowers every round's cap
 min(gamma, budget - 1) to min(max_verify, ...) before the verify policy sees it. The cap is a
 constant, decided before decoding and never from the target, so it is lossless: at T = 0 the
-output equals plain greedy decoding (tests/test_dtype_choice.py). The draft still proposes the
-whole block it was trained for (a shorter block would change its bidirectional block pass).
+output equals plain greedy decoding (tests/test_dtype_choice.py). The draft still runs the
+block pass over the whole block it was trained for (a shorter block would change its
+bidirectional block pass); under the full-block policy its serial Markov loop stops at the cap.
 """
 
 from __future__ import annotations
-
-import torch
 
 from dspark.decoding import SpeculativeDecoder
 
@@ -21,6 +20,6 @@ class CappedVerifyDecoder(SpeculativeDecoder):
             raise ValueError(f"max_verify={max_verify} must be >= 1")
         self.max_verify = int(max_verify)
 
-    def _verify_lengths(self, prop, cap: list[int], live: int) -> tuple[torch.Tensor, list[int]]:
-        # cap [live]: drafts each live row may verify this round (the budget's bound), lowered
-        return super()._verify_lengths(prop, [min(c, self.max_verify) for c in cap], live)
+    def _caps(self, caps: list[int]) -> list[int]:
+        # caps [live]: drafts each live row may verify this round (the budget's bound), lowered
+        return [min(c, self.max_verify) for c in caps]
