@@ -51,6 +51,40 @@ AVX2_EPYC_B1 = {
 }
 
 
+# 2-core AVX2-only AMD EPYC (machine B), batch 1, the 700-step quickstart draft (4,096-token
+# vocabulary), row-exact bf16 verify passes, medians of the benchmark's probe: per verify
+# length L the draft round that drafts only L tokens (`t_draft_steps`).
+AVX2_EPYC_B1_SPEC = {
+    "float32": {"t_ar": 82.3 * MS, "t_draft": 13.3 * MS,
+                "t_verify": dict(zip(range(2, 9), [v * MS for v in (120.4, 127.3, 110.9, 106.6, 117.0, 143.4, 144.7)])),
+                "t_draft_steps": dict(zip(range(1, 8), [v * MS for v in (10.7, 12.6, 13.4, 12.6, 12.7, 12.3, 13.3)]))},
+    "bfloat16": {"t_ar": 52.5 * MS, "t_draft": 14.8 * MS,
+                 "t_verify": dict(zip(range(2, 9), [v * MS for v in (77.5, 104.6, 123.7, 150.0, 165.3, 196.8, 214.7)])),
+                 "t_draft_steps": dict(zip(range(1, 8), [v * MS for v in (10.8, 11.4, 11.8, 12.6, 13.6, 14.2, 14.8)]))},
+}  # fmt: skip
+ACCEPT_700 = [0.479, 0.400, 0.354, 0.291, 0.279, 0.257, 0.244]
+
+
+def test_avx2_epyc_prices_each_verify_length_with_its_own_draft_round():
+    # tau(L) = 1.479, 1.6706, 1.73843, 1.75816, 1.76367. bf16: L = 1 (10.8 + 77.5) / 1.479 =
+    # 59.70 ms, L = 2 (11.4 + 104.6) / 1.6706 = 69.44 -> L = 1. fp32: L = 3 (13.4 + 110.9) /
+    # 1.73843 = 71.50, L = 4 (12.6 + 106.6) / 1.75816 = 67.80, L = 5 (12.7 + 117.0) / 1.76373
+    # = 73.54 -> L = 4, dearer than bf16's 59.70, so bf16 verifying one draft.
+    d = choose_dtype(AVX2_EPYC_B1_SPEC, "speculative", ACCEPT_700, gamma=7)
+    assert d["dtype"] == "bfloat16" and d["costs"]["bfloat16"]["L"] == 1
+    assert d["costs"]["bfloat16"]["cost_s"] == pytest.approx(88.3 * MS / 1.479, rel=1e-6)
+    fp32 = best_verify_length(AVX2_EPYC_B1_SPEC["float32"], ACCEPT_700)
+    assert fp32["L"] == 4 and fp32["s_per_token"] == pytest.approx(119.2 * MS / 1.758164, rel=1e-5)
+    # without per-length draft rounds every L pays the whole block's 14.8 ms
+    whole = {k: v for k, v in AVX2_EPYC_B1_SPEC["bfloat16"].items() if k != "t_draft_steps"}
+    assert best_verify_length(whole, ACCEPT_700)["s_per_token"] == pytest.approx(92.3 * MS / 1.479)
+    # and the plain bf16 step (52.5 ms) is cheaper still: this draft does not pay on this CPU
+    assert d["costs"]["bfloat16"]["cost_s"] > AVX2_EPYC_B1_SPEC["bfloat16"]["t_ar"]
+    # JSON string keys in t_draft_steps decide the same
+    text = json.loads(json.dumps(AVX2_EPYC_B1_SPEC))
+    assert choose_dtype(text, "speculative", ACCEPT_700, gamma=7)["costs"] == d["costs"]
+
+
 def test_amx_xeon_plain_in_fp32_speculation_in_bf16_verifying_three():
     # plain: 36.6 < 58.6 ms -> fp32 (oneDNN's bf16 matrix-vector path is the slower one)
     assert choose_dtype(AMX_XEON, "plain")["dtype"] == "float32"
@@ -128,7 +162,9 @@ def test_probe_on_a_tiny_target_reports_and_caches(tiny_target, one_thread):
     assert first["dtype"] in first["measured"] and not first["cached"]
     for p in first["measured"].values():
         assert set(p["t_verify"]) == {2, 3, 4} and p["t_draft"] is not None
+        assert set(p["t_draft_steps"]) == {1, 2, 3}  # a round per verify length
     assert first["conditions"]["batch"] == 2 and first["conditions"]["device"]
+    assert first["conditions"]["exact_rows"] is None  # each dtype's decoder default
     again = choose(target, draft, **kw)
     assert again["cached"] and again["measured"] == first["measured"]  # read back, same decision
     assert again["dtype"] == first["dtype"]
