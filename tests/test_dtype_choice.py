@@ -68,7 +68,7 @@ ACCEPT_700 = [0.479, 0.400, 0.354, 0.291, 0.279, 0.257, 0.244]
 def test_avx2_epyc_prices_each_verify_length_with_its_own_draft_round():
     # tau(L) = 1.479, 1.6706, 1.73843, 1.75816, 1.76367. bf16: L = 1 (10.8 + 77.5) / 1.479 =
     # 59.70 ms, L = 2 (11.4 + 104.6) / 1.6706 = 69.44 -> L = 1. fp32: L = 3 (13.4 + 110.9) /
-    # 1.73843 = 71.50, L = 4 (12.6 + 106.6) / 1.75816 = 67.80, L = 5 (12.7 + 117.0) / 1.76373
+    # 1.73843 = 71.50, L = 4 (12.6 + 106.6) / 1.75816 = 67.80, L = 5 (12.7 + 117.0) / 1.76367
     # = 73.54 -> L = 4, dearer than bf16's 59.70, so bf16 verifying one draft.
     d = choose_dtype(AVX2_EPYC_B1_SPEC, "speculative", ACCEPT_700, gamma=7)
     assert d["dtype"] == "bfloat16" and d["costs"]["bfloat16"]["L"] == 1
