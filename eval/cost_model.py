@@ -3,7 +3,7 @@ draft needs to pay off (break-even) and the verify length that pays best.
 
     python eval/cost_model.py [--target embedded] [--threads 2] [--dtype float32]
         [--layers 1 2 3 5] [--block-size 7] [--markov-rank 64] [--accept 0.7 0.6 ...]
-        [--accept-from runs/quickstart/draft]
+        [--accept-from runs/quickstart/draft] [--exact-rows auto|on|off]
         [--out runs/cost_model]
 
 Writes cost_model.json, cost_model.md and cost_model.png (time per pass vs tokens verified).
@@ -47,6 +47,13 @@ def main() -> None:
         help="take --accept from a trained draft's held-out eval (greedy_accept@k of the "
         "results.json beside it)",
     )
+    ap.add_argument(
+        "--exact-rows",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="verify passes row-exact (dspark/decoding/row_attention.py); auto: the decoder's "
+        "default for this device and dtype",
+    )
     ap.add_argument("--out", default="runs/cost_model")
     args = ap.parse_args()
     if args.accept_from:
@@ -66,6 +73,7 @@ def main() -> None:
         markov_rank=args.markov_rank,
         context_len=args.context_len,
         repeats=args.repeats,
+        exact_rows={"auto": None, "on": True, "off": False}[args.exact_rows],
     )
     c["conditions"]["target"] = args.target
     t_ar = c["t_ar"]

@@ -38,6 +38,7 @@ def measure_costs(
     context_len: int = 256,
     repeats: int = 15,
     mask_token_id: int = 0,
+    exact_rows: bool | None = None,
 ) -> dict:
     """Seconds per AR step, per verify pass of n tokens and per draft round (see module doc)."""
     drafts = {}  # built outside inference mode: the T=0 pruner tracks weight versions
@@ -51,15 +52,22 @@ def measure_costs(
         )
         torch.manual_seed(0)
         drafts[n_layers] = DSparkDraftModel.from_target(target, cfg).eval()
-    return _measure(target, drafts, block_size, context_len, repeats, markov_rank)
+    return _measure(target, drafts, block_size, context_len, repeats, markov_rank, exact_rows)
 
 
-def _measure(target, drafts, block_size, context_len, repeats, markov_rank) -> dict:
+def _measure(
+    target, drafts, block_size, context_len, repeats, markov_rank, exact_rows=None
+) -> dict:
     from dspark.decoding.round_cost import RoundBench
 
     g = int(block_size)
     bench = RoundBench(
-        target, next(iter(drafts.values())), context_len=context_len, max_tokens=g + 1, gamma=g
+        target,
+        next(iter(drafts.values())),
+        context_len=context_len,
+        max_tokens=g + 1,
+        gamma=g,
+        exact_rows=exact_rows,
     )
     out: dict = {"t_ar": bench.time_ar(repeats, warmup=2)}
     out["t_verify"] = {n: bench.time_verify(n, repeats, warmup=2) for n in range(1, g + 2)}
@@ -77,6 +85,7 @@ def _measure(target, drafts, block_size, context_len, repeats, markov_rank) -> d
         "markov_rank": markov_rank,
         "temperature": 0.0,
         "repeats": repeats,
+        "exact_rows": bench.exact_rows,  # row-exact verify passes (row_attention.py)
     }
     return out
 
