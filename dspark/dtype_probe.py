@@ -16,14 +16,17 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from dspark.dtype_choice import CANDIDATES
 
-# 2: verify passes row-exact where the decoder runs them so; draft rounds per verify length
+# 2: verify passes row-exact where the decoder runs them so; draft rounds per verify length;
+# medians over interleaved rounds
 PROBE_VERSION = 2
 
 
@@ -99,6 +102,7 @@ def measure_one(
     context_len: int = 128,
     repeats: int = 5,
     exact_rows: bool | None = None,
+    rounds: int = 3,
 ) -> dict:
     """{"t_ar", "t_verify": {n: s}, "t_draft", "t_draft_steps": {L: s}} of `target` (and
     `draft`) as they are (`t_draft`: the whole block; `t_draft_steps[L]`: its first L tokens);
@@ -114,21 +118,37 @@ def measure_one(
         taps=None if draft is not None else list(taps),
         exact_rows=exact_rows,
     )
-    # [B, n] tokens a pass, tapped as a verify / capture pass is (no draft context written)
+    # [B, n] tokens a pass, tapped as a verify / capture pass is (no draft context written).
+    # Every figure is the median over `rounds` interleaved passes over all of them, each the
+    # median of `repeats` calls: a burst of noise from a shared host then moves one sample
+    # of each figure, not every sample of one (on a 2-core VM one-shot medians chose a
+    # verify length whose round had happened to be timed in a quiet spell).
+    gamma = int(draft.config.block_size) if draft is not None else 0
+    points: dict[str, Callable[[], float]] = {"t_ar": partial(bench.time_ar, repeats)}
+    for n in tokens:
+        points[f"v{int(n)}"] = partial(bench.time_verify, int(n), repeats, write_context=False)
+    if draft is not None:
+        points["t_draft"] = partial(bench.time_draft, repeats)
+        for n in tokens:  # a round verifying L drafts runs the Markov loop L steps only
+            if 2 <= int(n) <= gamma + 1:
+                points[f"d{int(n) - 1}"] = partial(bench.time_draft, repeats, steps=int(n) - 1)
+    samples: dict[str, list[float]] = {k: [] for k in points}
+    for _ in range(max(1, int(rounds))):
+        for k, fn in points.items():
+            samples[k].append(fn())
+    med = {k: statistics.median(v) for k, v in samples.items()}
     out: dict = {
-        "t_ar": bench.time_ar(repeats),
-        "t_verify": {
-            int(n): bench.time_verify(int(n), repeats, write_context=False) for n in tokens
-        },
-        "t_draft": bench.time_draft(repeats) if draft is not None else None,
+        "t_ar": med["t_ar"],
+        "t_verify": {int(n): med[f"v{int(n)}"] for n in tokens},
+        "t_draft": med.get("t_draft"),
     }
-    if draft is not None:  # a round verifying L drafts runs the Markov loop L steps only
-        gamma = int(draft.config.block_size)
-        out["t_draft_steps"] = {
-            int(n) - 1: bench.time_draft(repeats, steps=int(n) - 1)
-            for n in tokens
-            if 2 <= int(n) <= gamma + 1
-        }
+    if draft is not None:
+        steps = {int(k[1:]): t for k, t in med.items() if k.startswith("d")}
+        # drafting fewer tokens is never dearer: a figure above a longer round's is noise
+        low = float("inf")
+        for L in sorted(steps, reverse=True):
+            steps[L] = low = min(steps[L], low)
+        out["t_draft_steps"] = steps
     return out
 
 
