@@ -19,6 +19,12 @@ def bucket(n: int, size: int, cap: int) -> int:
     return min(cap, -(-n // size) * size)
 
 
+def row_kv_lengths(first: int, n: int, size: int, cap: int) -> list[int]:
+    """The KV length a 1-token step attends at each of positions `first .. first + n - 1`
+    (`bucket(pos + 1)`): what a row-exact pass gives each of its n rows (row_attention.py)."""
+    return [bucket(first + i + 1, size, cap) for i in range(n)]
+
+
 def causal_mask(positions: torch.Tensor, kv_len: int, dtype: torch.dtype | None = None):
     """`[B, 1, n, kv_len]` mask: query at positions[b, i] sees slots `<= positions[b, i]`.
 

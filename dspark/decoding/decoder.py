@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
+from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket, row_kv_lengths
 from dspark.decoding.draft_step import DraftProposal, propose
 from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.live_batch import LiveBatch
 from dspark.decoding.observer import DecodeObserver
 from dspark.decoding.output import GenerationOutput
-from dspark.decoding.row_attention import default_exact_rows
+from dspark.decoding.row_attention import exact_rows_for
 from dspark.decoding.sampling import Sampling
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import accept
@@ -124,10 +124,7 @@ class SpeculativeDecoder:
     def exact_rows(self) -> bool:
         """Whether batch-1 verify passes run row-exact (row_attention.py): as asked, else the
         default for the target's device and its dtype now."""
-        if self._exact_rows is not None:
-            return bool(self._exact_rows)
-        dtype = next(self.target.parameters()).dtype
-        return default_exact_rows(self.device, self._compiled, dtype)
+        return exact_rows_for(self.target, self._exact_rows, self._compiled)
 
     # callers read and set the sampling settings between calls (dspark/data/decoder_backend.py)
     @property
@@ -321,7 +318,7 @@ class SpeculativeDecoder:
         rows = None
         if n > 1 and len(batch.positions) == 1 and self.exact_rows:
             # row i attends what the 1-token step at its position would (row_attention.py)
-            rows = [bucket(batch.positions[0] + i + 1, self.kv_bucket, cap) for i in range(n)]
+            rows = row_kv_lengths(batch.positions[0], n, self.kv_bucket, cap)
         logits, taps = self.runner.forward(
             ids, pos, batch.cache, kv_len, start=batch.start, tapped=tapped, row_kv_lens=rows
         )

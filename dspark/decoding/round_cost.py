@@ -6,8 +6,10 @@ timed draft's context cache), then times, each a `dspark.timing.median_time` of 
 calls:
 - `ar_step`: one plain AR step (1 token a row, logits, argmax);
 - `verify(n)`: one target pass over n <= N tokens a row after the context, tapped when the
-  bench has taps, row-exact where the decoder would run it so (`exact_rows`, row_attention.py), with the argmax the verifier takes and (`write_context=True`) the draft's
-  `context_kv` of the new features written into its context cache: the target side of a round;
+  bench has taps, row-exact where the decoder would run it so (`exact_rows`,
+  row_attention.py), with the argmax the verifier takes and (`write_context=True`) the
+  draft's `context_kv` of the new features written into its context cache: the target side
+  of a round;
 - `draft_round(draft)`: one `propose` call (block pass + serial Markov loop + confidence) at
   T = 0 over the C-token context, with the draft's reduced vocabulary when it has one (the
   whole block, or its first `steps` tokens).
@@ -24,8 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket
-from dspark.decoding.row_attention import default_exact_rows
+from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket, row_kv_lengths
+from dspark.decoding.row_attention import exact_rows_for
 from dspark.decoding.target_step import TargetRunner
 from dspark.timing import median_time
 
@@ -54,10 +56,7 @@ class RoundBench:
     ) -> None:
         self.target, self.draft = target, draft
         self.device = next(target.parameters()).device
-        if exact_rows is None:
-            dtype = next(target.parameters()).dtype
-            exact_rows = default_exact_rows(self.device, compile=False, dtype=dtype)
-        self.exact_rows = bool(exact_rows) and int(batch) == 1
+        self.exact_rows = exact_rows_for(target, exact_rows) and int(batch) == 1
         self.batch, self.context_len = int(batch), int(context_len)
         if gamma is None:
             gamma = int(draft.config.block_size) if draft is not None else 0
@@ -99,7 +98,7 @@ class RoundBench:
         kv_len = bucket(self.context_len + n, 16, self.max_len)
         rows = None
         if self.exact_rows and n > 1:  # as SpeculativeDecoder._target_pass
-            rows = [bucket(self.context_len + i + 1, 16, self.max_len) for i in range(n)]
+            rows = row_kv_lengths(self.context_len, n, 16, self.max_len)
         return self.runner.forward(
             self.ids[:, step],
             self.pos[:, step],

@@ -37,18 +37,14 @@ def row_exact_attention(
     attention_mask: torch.Tensor | None,
     *,
     row_kv_lens: list[int] | None = None,
-    base_attention: Callable | str = "sdpa",
+    base_attention: Callable | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """`query [B, h, n, d]`, `key`/`value [B, kv_h, S, d]`, mask `[B, 1, n, S]` (or None) ->
     `[B, n, h, d]` as HF attention functions return it. `row_kv_lens [n]` (each <= S): the
     K/V length row i attends; None (or n = 1) runs the base attention once, unchanged.
-    `base_attention`: the model's own attention function (`base_attention_of`) or its name."""
-    base = (
-        ALL_ATTENTION_FUNCTIONS[base_attention]
-        if isinstance(base_attention, str)
-        else base_attention
-    )
+    `base_attention`: the model's own attention function (`base_attention_of`; None: sdpa)."""
+    base = base_attention or ALL_ATTENTION_FUNCTIONS["sdpa"]
     n = query.shape[2]
     if row_kv_lens is None or n == 1:
         return base(module, query, key, value, attention_mask, **kwargs)
@@ -94,6 +90,14 @@ def dispatching_rows(model):
         yield
     finally:
         config._attn_implementation = before
+
+
+def exact_rows_for(target, requested: bool | None, compile: bool = False) -> bool:
+    """`requested` when given, else `default_exact_rows` for the target's device and dtype now."""
+    if requested is not None:
+        return bool(requested)
+    param = next(target.parameters())
+    return default_exact_rows(param.device, compile, param.dtype)
 
 
 def default_exact_rows(device: torch.device, compile: bool, dtype: torch.dtype) -> bool:

@@ -49,6 +49,7 @@ class TargetRunner:
         self.fast = fast
         impl = getattr(model.config, "_attn_implementation", "sdpa")
         self.mask_dtype = None if impl in ("sdpa", None) else next(model.parameters()).dtype
+        self._row_base: tuple[str | None, object] | None = None  # (implementation, its function)
         self._core = self._fast_core if fast else self._hf_core
 
     def compile(self, **kwargs):
@@ -75,8 +76,7 @@ class TargetRunner:
         cache.prepare(positions, kv_len, start)
         mask = causal_mask(positions, kv_len, self.mask_dtype)
         if row_kv_lens is not None and input_ids.shape[1] > 1:
-            # the attention the layers run now, run per row (row_attention.py)
-            rows = {"row_kv_lens": row_kv_lens, "base_attention": base_attention_of(self.model)}
+            rows = {"row_kv_lens": row_kv_lens, "base_attention": self._row_base_attention()}
             with dispatching_rows(self.model):
                 hidden, taps = self._core(input_ids, positions, mask, cache, tapped, rows)
         else:
@@ -85,6 +85,14 @@ class TargetRunner:
             hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), logits_at]
         logits = head_logits(self.model.lm_head, hidden, self.cpu_fast_paths)
         return logits, taps
+
+    def _row_base_attention(self):
+        """The attention the layers run now, run per row (row_attention.py); looked up again
+        only when the model's implementation changes (eager's lookup walks the modules)."""
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        if self._row_base is None or self._row_base[0] != impl:
+            self._row_base = (impl, base_attention_of(self.model))
+        return self._row_base[1]
 
     def _fast_core(self, input_ids, positions, mask, cache, tapped, attn_kwargs=None):
         base = self.model.model
