@@ -124,6 +124,21 @@ def slot_l1(
     return (p_d - p_t_kept).abs().sum(-1) + outside
 
 
+def slot_l1_normalised(
+    draft_logits: torch.Tensor, target_kept_logits: torch.Tensor, target_logsumexp: torch.Tensor
+) -> torch.Tensor:
+    """`slot_l1` of a reduced vocabulary from the target's logits at the kept ids alone:
+    `target_kept_logits [M, K]` and the logsumexp of its logits over all V, `[M]`.
+
+    p_t[kept] = exp(z_kept - logsumexp) and the mass outside is 1 - sum_kept p_t, so this is
+    `slot_l1(draft_logits, z, kept_ids)` without the `[M, V]` logits (equal up to rounding).
+    """
+    p_d = torch.softmax(draft_logits.float(), dim=-1)
+    p_t_kept = torch.exp(target_kept_logits.float() - target_logsumexp.float()[:, None])
+    outside = (1.0 - p_t_kept.sum(-1)).clamp(min=0.0)
+    return (p_d - p_t_kept).abs().sum(-1) + outside
+
+
 @torch.no_grad()
 def greedy_match(
     draft_logits: torch.Tensor,
@@ -132,10 +147,20 @@ def greedy_match(
 ) -> torch.Tensor:
     """fp32 `[M]`: 1 where the draft's argmax (mapped to a target id through `kept_ids [K]`
     when reduced) is the target's argmax over all V, else 0: T=0 acceptance, teacher-forced."""
+    return greedy_match_argmax(draft_logits, target_logits.argmax(-1), kept_ids)
+
+
+@torch.no_grad()
+def greedy_match_argmax(
+    draft_logits: torch.Tensor,
+    target_argmax: torch.Tensor,
+    kept_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`greedy_match` from the target's argmax over all V, `[M]` (target ids)."""
     draft_top = draft_logits.argmax(-1)
     if kept_ids is not None:
         draft_top = kept_ids[draft_top]
-    return (draft_top == target_logits.argmax(-1)).float()
+    return (draft_top == target_argmax).float()
 
 
 def confidence_target(l1: torch.Tensor) -> torch.Tensor:

@@ -92,3 +92,46 @@ def debug_data(tmp_path_factory, tiny_target_dir):
     target, tok = load_target(cfg.target.name)
     regenerate_if_missing(cfg, target, tok)
     return root / "tokenized"
+
+
+@pytest.fixture(scope="session")
+def tiny_sets(tmp_path_factory, tiny_target):
+    """Feature caches of a small tokenized set: `get(arch) -> (target, tok, data_dir,
+    {name: cache_dir})` with fp32 / bf16 / bf16-loss caches written once per arch (batch 3,
+    small shards: several shards, mixed batches)."""
+    from helpers import make_rows, save_rows
+
+    from dspark.data.features import feature_cache as fc
+
+    made = {}
+
+    def get(arch):
+        if arch not in made:
+            target, tok = tiny_target(arch)
+            root = tmp_path_factory.mktemp(f"fc_{arch}")
+            data = save_rows(make_rows(target.config.vocab_size), root / "tokenized")
+            ids = fc.resolve_layer_ids(target.config.num_hidden_layers)
+            caches = {}
+            for name, dtype, positions in (
+                ("fp32", "fp32", "all"),
+                ("bf16", "bf16", "all"),
+                ("bf16_loss", "bf16", "loss"),
+            ):
+                caches[name] = root / name
+                fc.write_cache(
+                    target,
+                    data,
+                    caches[name],
+                    layer_ids=ids,
+                    target_name=f"tiny-{arch}",
+                    pad_token_id=tok.pad_token_id,
+                    dtype=dtype,
+                    positions=positions,
+                    batch_size=3,
+                    shard_mb=0.03,
+                    progress=False,
+                )
+            made[arch] = (target, tok, data, caches)
+        return made[arch]
+
+    return get

@@ -396,3 +396,30 @@ def kill_then_resume(monkeypatch, cfg, kill_at: int) -> dict:
         loop.run(cfg)
     monkeypatch.setattr(loop, "build_objective_for", real_build)
     return loop.run(cfg)
+
+
+# ------------------------------------------------------------------ feature caches
+def make_rows(vocab: int, n: int = 10, seed: int = 0) -> dict:
+    """Rows shaped like chat data: a prompt (mask 0), answers (mask 1) with a gap, and some
+    rows ending in unsupervised tokens, so `positions=loss` drops something at both ends."""
+    g = torch.Generator().manual_seed(seed)
+    rows = {"index": [], "input_ids": [], "loss_mask": []}
+    for i in range(n):
+        length = int(torch.randint(12, 40, (1,), generator=g))
+        prompt = int(torch.randint(3, 8, (1,), generator=g))
+        mask = [0] * prompt + [1] * (length - prompt)
+        if i % 3 == 0:  # a second user turn in the middle
+            mask[length // 2 : length // 2 + 3] = [0, 0, 0]
+        if i % 2 == 0:  # trailing tokens outside the loss
+            mask[-4:] = [0, 0, 0, 0]
+        rows["index"].append(i)
+        rows["input_ids"].append(torch.randint(0, vocab, (length,), generator=g).tolist())
+        rows["loss_mask"].append(mask)
+    return rows
+
+
+def save_rows(rows: dict, path: Path) -> Path:
+    import datasets
+
+    datasets.Dataset.from_dict(rows).save_to_disk(str(path))
+    return path

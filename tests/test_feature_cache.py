@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_draft
+from helpers import make_draft, make_rows, save_rows
 
 from dspark.data.collate import PadCollator
 from dspark.data.features import feature_cache as fc
@@ -20,70 +20,6 @@ from dspark.target.capture import BatchFeatures, OnlineTargetCapture
 # (measured over 24 rows x 3 archs), so 1e-3 leaves margin. fp32 caches match to 1e-5.
 BF16_LOSS_RTOL = 1e-3
 FP32_LOSS_RTOL = 1e-5
-
-
-def make_rows(vocab: int, n: int = 10, seed: int = 0) -> dict:
-    """Rows shaped like chat data: a prompt (mask 0), answers (mask 1) with a gap, and some
-    rows ending in unsupervised tokens, so `positions=loss` drops something at both ends."""
-    g = torch.Generator().manual_seed(seed)
-    rows = {"index": [], "input_ids": [], "loss_mask": []}
-    for i in range(n):
-        length = int(torch.randint(12, 40, (1,), generator=g))
-        prompt = int(torch.randint(3, 8, (1,), generator=g))
-        mask = [0] * prompt + [1] * (length - prompt)
-        if i % 3 == 0:  # a second user turn in the middle
-            mask[length // 2 : length // 2 + 3] = [0, 0, 0]
-        if i % 2 == 0:  # trailing tokens outside the loss
-            mask[-4:] = [0, 0, 0, 0]
-        rows["index"].append(i)
-        rows["input_ids"].append(torch.randint(0, vocab, (length,), generator=g).tolist())
-        rows["loss_mask"].append(mask)
-    return rows
-
-
-def save_rows(rows: dict, path: Path) -> Path:
-    import datasets
-
-    datasets.Dataset.from_dict(rows).save_to_disk(str(path))
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_sets(tmp_path_factory, tiny_target):
-    """`get(arch) -> (target, tok, data_dir, {name: cache_dir})` with fp32 / bf16 / bf16-loss
-    caches written once per arch (batch 3, small shards: several shards, mixed batches)."""
-    made = {}
-
-    def get(arch):
-        if arch not in made:
-            target, tok = tiny_target(arch)
-            root = tmp_path_factory.mktemp(f"fc_{arch}")
-            data = save_rows(make_rows(target.config.vocab_size), root / "tokenized")
-            ids = fc.resolve_layer_ids(target.config.num_hidden_layers)
-            caches = {}
-            for name, dtype, positions in (
-                ("fp32", "fp32", "all"),
-                ("bf16", "bf16", "all"),
-                ("bf16_loss", "bf16", "loss"),
-            ):
-                caches[name] = root / name
-                fc.write_cache(
-                    target,
-                    data,
-                    caches[name],
-                    layer_ids=ids,
-                    target_name=f"tiny-{arch}",
-                    pad_token_id=tok.pad_token_id,
-                    dtype=dtype,
-                    positions=positions,
-                    batch_size=3,
-                    shard_mb=0.03,
-                    progress=False,
-                )
-            made[arch] = (target, tok, data, caches)
-        return made[arch]
-
-    return get
 
 
 def cached_batches(data_dir, cache_dir, pad_id, batch_size=4):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 FEATURE_KEYS = ("tapped", "final_hidden")  # cached target features, [n, D] per row
+# per-position summaries of the target's logits beside a cache ([n] per row, zero-padded)
+SUMMARY_KEYS = ("final_logsumexp", "final_argmax")
 
 
 class PadCollator:
@@ -14,7 +16,8 @@ class PadCollator:
     attention 0 and loss mask 0. `max_length` truncates longer rows; `pad_to_multiple_of`
     rounds S up (e.g. 8 or 64 for tensor cores / static shapes). Rows that carry cached target
     features (`FEATURE_KEYS`, each `[n, D]`) get them truncated and zero-padded the same way,
-    to `[B, S, D]` in their own dtype.
+    to `[B, S, D]` in their own dtype; their per-position summaries (`SUMMARY_KEYS`, `[n]`)
+    to `[B, S]`.
 
     Packed rows (`dspark.data.packing.PackedDataset`) also carry `document_ids` and
     `position_ids`: they come out as `[B, S]` long too, pads get document -1 and position 0.
@@ -64,6 +67,13 @@ class PadCollator:
             if key in features[0]:
                 rows = [torch.as_tensor(f[key])[: len(s)] for f, s in zip(features, seqs)]
                 padded = rows[0].new_zeros((b, width, rows[0].shape[-1]))
+                for i, r in enumerate(rows):
+                    padded[i, : len(r)] = r
+                out[key] = padded
+        for key in SUMMARY_KEYS:
+            if key in features[0]:
+                rows = [torch.as_tensor(f[key])[: len(s)] for f, s in zip(features, seqs)]
+                padded = rows[0].new_zeros((b, width))
                 for i, r in enumerate(rows):
                     padded[i, : len(r)] = r
                 out[key] = padded

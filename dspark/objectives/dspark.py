@@ -48,7 +48,13 @@ import torch
 from dspark import losses as L
 from dspark.objectives.base import LocalReducer, Reducer, reduce_named
 from dspark.objectives.documents import document_starts, sample_document_anchors
-from dspark.target.capture import FeatureSource, OnlineTargetCapture, target_logits
+from dspark.target.capture import (
+    FeatureSource,
+    OnlineTargetCapture,
+    kept_head,
+    kept_target_logits,
+    target_logits,
+)
 
 if TYPE_CHECKING:
     from dspark.modeling.slot_chunks import SlotLoss
@@ -183,7 +189,10 @@ class DSparkObjective:
         b_idx, n_idx, k_idx = slot_mask.nonzero(as_tuple=True)  # row-major, as the draft's M
         pos = anchors[b_idx, n_idx] + k_idx  # the hidden state at p+k predicts x_{p+k+1}
         labels = input_ids[b_idx, pos + 1]
-        slot_loss = self._slot_loss(labels, feats.final_hidden[b_idx, pos])
+        summary = None
+        if feats.final_logsumexp is not None and feats.final_argmax is not None:
+            summary = (feats.final_logsumexp[b_idx, pos], feats.final_argmax[b_idx, pos])
+        slot_loss = self._slot_loss(labels, feats.final_hidden[b_idx, pos], summary)
         out = draft(
             feats.tapped,
             input_ids,
@@ -252,30 +261,61 @@ class DSparkObjective:
         loss = reducer.world_size * local
         return loss, self._metrics({k: v.tolist() for k, v in glob.items()}, use_conf)
 
-    def _slot_loss(self, labels: torch.Tensor, final_hidden: torch.Tensor) -> SlotLoss:
+    def _slot_loss(
+        self,
+        labels: torch.Tensor,
+        final_hidden: torch.Tensor,
+        summary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> SlotLoss:
         """The per-slot terms of a chunk of draft logits, for the draft's `forward(slot_loss=)`.
 
         `labels [M]` (target ids), `final_hidden [M, H]` (the target's post-norm states of the
         same slots, row-major). Per chunk `rows`: the target's fp32 logits `[m, V]` (no grad,
         recomputed with the chunk in backward), then CE, L1, the greedy match and whether the
         label is in the draft vocabulary, each `[m]` (losses.py defines each for a reduced one).
+        `summary`: `(logsumexp [M], argmax [M])` of the target's logits over all V at the same
+        slots (`capture.target_summary`, precomputed with an offline cache); with a reduced
+        vocabulary the target's logits are then computed at the K kept ids only (`[m, K]`
+        instead of `[m, V]`: on a CPU most of a step at K = V / 12).
         """
         lm_head = self.target_lm_head
 
         def terms(logits: torch.Tensor, rows: slice, kept_ids: torch.Tensor | None):
             lab = labels[rows]
             with torch.no_grad():
-                t_logits = target_logits(lm_head, final_hidden[rows])
-                match = L.greedy_match(logits.detach(), t_logits, kept_ids)
                 in_vocab = L.in_vocab_labels(lab, kept_ids)[1]
+                if kept_ids is not None and summary is not None:
+                    lse, top = summary[0][rows], summary[1][rows]
+                    t_kept = kept_target_logits(self._kept_head(kept_ids), final_hidden[rows])
+                    match = L.greedy_match_argmax(logits.detach(), top, kept_ids)
+                else:
+                    t_logits = target_logits(lm_head, final_hidden[rows])
+                    match = L.greedy_match(logits.detach(), t_logits, kept_ids)
+            if kept_ids is not None and summary is not None:
+                l1 = L.slot_l1_normalised(logits, t_kept, lse)
+            else:
+                l1 = L.slot_l1(logits, t_logits, kept_ids)
             return {
                 "ce": L.slot_cross_entropy(logits, lab, kept_ids),
-                "l1": L.slot_l1(logits, t_logits, kept_ids),
+                "l1": l1,
                 "match": match,
                 "in_vocab": in_vocab,
             }
 
         return terms
+
+    def _kept_head(self, kept_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The target head's fp32 rows at `kept_ids`, made once per draft vocabulary (the
+        target is frozen)."""
+        cached = getattr(self, "_kept_head_cache", None)
+        if cached is not None:
+            ids = cached[0]
+            if ids.shape == kept_ids.shape and ids.device == kept_ids.device:
+                if torch.equal(ids, kept_ids):
+                    return cached[1]
+        ids = kept_ids.detach().clone()
+        self._kept_head_cache = (ids, kept_head(self.target_lm_head, ids))
+        return self._kept_head_cache[1]
 
     def _metrics(self, s: dict, use_conf: bool) -> dict[str, float]:
         W, M, nb, nfull = s["weight"], s["supervised_tokens"], s["blocks"], s["full_blocks"]

@@ -27,6 +27,11 @@ from torch import nn
 class TargetFeatures:
     tapped: torch.Tensor  # [B, S, L*H]
     final_hidden: torch.Tensor  # [B, S, H], post final norm
+    # Optional, `[B, S]`, from an offline cache for a reduced-vocabulary draft
+    # (`target_summary`): the logsumexp and argmax of the target's fp32 logits over its whole
+    # vocabulary at `final_hidden`, so a step needs the target's logits at the kept ids only.
+    final_logsumexp: torch.Tensor | None = None
+    final_argmax: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -107,10 +112,16 @@ def target_mask_kwargs(batch: Mapping[str, torch.Tensor]) -> dict:
 
 
 class BatchFeatures:
-    """Offline seam: the features are already in the batch (`tapped`, `final_hidden`)."""
+    """Offline seam: the features are already in the batch (`tapped`, `final_hidden`, and
+    where the loader added them, `final_logsumexp` / `final_argmax`)."""
 
     def __call__(self, batch: Mapping[str, torch.Tensor]) -> TargetFeatures:
-        return TargetFeatures(tapped=batch["tapped"], final_hidden=batch["final_hidden"])
+        return TargetFeatures(
+            tapped=batch["tapped"],
+            final_hidden=batch["final_hidden"],
+            final_logsumexp=batch.get("final_logsumexp"),
+            final_argmax=batch.get("final_argmax"),
+        )
 
 
 def target_logits(lm_head: torch.nn.Module, final_hidden: torch.Tensor) -> torch.Tensor:
@@ -123,3 +134,41 @@ def target_logits(lm_head: torch.nn.Module, final_hidden: torch.Tensor) -> torch
         return F.linear(
             final_hidden.float(), weight.float(), None if bias is None else bias.float()
         )
+
+
+@torch.no_grad()
+def target_summary(
+    lm_head: torch.nn.Module, final_hidden: torch.Tensor, chunk_rows: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(logsumexp [N], argmax [N])` of the target's fp32 logits over its whole vocabulary at
+    `final_hidden [N, H]`, `chunk_rows` rows of `[rows, V]` logits at a time. With them, a
+    reduced-vocabulary loss needs the target's logits at the kept ids only
+    (`kept_target_logits`, `dspark.losses.slot_l1_normalised`)."""
+    lse, top = [], []
+    for s in range(0, final_hidden.shape[0], chunk_rows):
+        z = target_logits(lm_head, final_hidden[s : s + chunk_rows])
+        lse.append(torch.logsumexp(z, dim=-1))
+        top.append(z.argmax(dim=-1))
+    if not lse:
+        return final_hidden.new_zeros(0, dtype=torch.float32), final_hidden.new_zeros(
+            0, dtype=torch.long
+        )
+    return torch.cat(lse), torch.cat(top)
+
+
+def kept_head(lm_head: torch.nn.Module, kept_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The fp32 rows of the target's head at `kept_ids [K]`: `(weight [K, H], bias [K])`
+    (bias absent when the head has none), for `kept_target_logits`."""
+    weight = lm_head.weight
+    assert isinstance(weight, torch.Tensor)
+    idx = kept_ids.to(weight.device)
+    rows = (weight.detach().index_select(0, idx).float(),)
+    bias = getattr(lm_head, "bias", None)
+    return rows if bias is None else (*rows, bias.detach().index_select(0, idx).float())
+
+
+def kept_target_logits(head_rows: tuple[torch.Tensor, ...], final_hidden: torch.Tensor):
+    """fp32 target logits `[M, K]` at the kept ids (`kept_head`'s rows), autocast off: the
+    columns `kept_ids` of `target_logits`, up to the matmul's rounding."""
+    with torch.autocast(final_hidden.device.type, enabled=False):
+        return F.linear(final_hidden.float(), *head_rows)

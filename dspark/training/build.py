@@ -345,9 +345,32 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
         raise ValueError(f"empty split: {len(train)} train rows, {len(held_out)} held-out rows")
     if cached:
         train_cache, eval_cache = open_feature_caches(cfg, target, draft_config)
-        train = CachedFeatureDataset(train, train_cache)
-        held_out = CachedFeatureDataset(held_out, eval_cache or train_cache)
+        eval_cache = eval_cache or train_cache
+        if draft_config.is_reduced_vocab:
+            # the target's logsumexp / argmax over all V, once per position: each step then
+            # needs its logits at the K kept ids only (DSparkObjective._slot_loss)
+            train_sums, eval_sums = cache_summaries(
+                target, (train, train_cache), (held_out, eval_cache)
+            )
+        else:
+            train_sums = eval_sums = None
+        train = CachedFeatureDataset(train, train_cache, train_sums)
+        held_out = CachedFeatureDataset(held_out, eval_cache, eval_sums)
     return train, held_out
+
+
+def cache_summaries(target, *splits) -> list[dict]:
+    """`summarize_rows` of each `(tokenized split, its FeatureCache)` with the target's head."""
+    from dspark.data.features.feature_dataset import summarize_rows
+    from dspark.target.capture import target_summary
+
+    head = target.get_output_embeddings()
+    device = head.weight.device
+
+    def summarize(final: torch.Tensor):
+        return target_summary(head, final.to(device))
+
+    return [summarize_rows(ds, cache, summarize) for ds, cache in splits]
 
 
 def make_loader(ds, tokenizer, cfg, shuffle: bool) -> DataLoader:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from dspark.data.features.feature_cache import (
     dataset_hash,
     read_manifest,
     same_target,
+    stored_positions,
 )
 
 ROW_COLUMN = "cache_row"  # the row's number in the tokenized set the cache was made from
@@ -107,23 +108,34 @@ class FeatureCache:
 
     def row(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row i of the tokenized set: `(tapped [n, L*H], final_hidden [n, H])`, stored dtype."""
+        f, j, n, t_off = self._locate(i)[:4]
+        t0, t1 = int(t_off[j]), int(t_off[j + 1])
+        tapped_part = f.get_slice("tapped")[t0:t1]
+        if t1 - t0 == n:  # positions=all: nothing to fill
+            return tapped_part, self.final_row(i)
+        tapped = tapped_part.new_zeros((n, tapped_part.shape[-1]))
+        tapped[: t1 - t0] = tapped_part
+        return tapped, self.final_row(i)
+
+    def final_row(self, i: int) -> torch.Tensor:
+        """Row i's `final_hidden [n, H]` alone (zeros where nothing was stored)."""
+        f, j, n, _, f_off, f_pos = self._locate(i)
+        q0, q1 = int(f_off[j]), int(f_off[j + 1])
+        final_part = f.get_slice("final_hidden")[q0:q1]
+        if q1 - q0 == n:
+            return final_part
+        final = final_part.new_zeros((n, final_part.shape[-1]))
+        final[f_pos[q0:q1]] = final_part
+        return final
+
+    def _locate(self, i: int):
+        """`(handle, row in shard, tokens, tapped_offsets, final_offsets, final_positions)`."""
         if not 0 <= i < len(self):
             raise IndexError(f"row {i} outside the cache's {len(self)} rows")
         k = bisect.bisect_right(self._starts, i) - 1
         f, lengths, t_off, f_off, f_pos = self._shard(k)
         j = i - self.shards[k]["rows"][0]
-        n = int(lengths[j])
-        t0, t1 = int(t_off[j]), int(t_off[j + 1])
-        q0, q1 = int(f_off[j]), int(f_off[j + 1])
-        tapped_part = f.get_slice("tapped")[t0:t1]
-        final_part = f.get_slice("final_hidden")[q0:q1]
-        if t1 - t0 == n and q1 - q0 == n:  # positions=all: nothing to fill
-            return tapped_part, final_part
-        tapped = tapped_part.new_zeros((n, tapped_part.shape[-1]))
-        tapped[: t1 - t0] = tapped_part
-        final = final_part.new_zeros((n, final_part.shape[-1]))
-        final[f_pos[q0:q1]] = final_part
-        return tapped, final
+        return f, j, int(lengths[j]), t_off, f_off, f_pos
 
     def __getstate__(self):  # DataLoader workers reopen the shards themselves
         state = dict(self.__dict__)
@@ -138,11 +150,15 @@ class CachedFeatureDataset(Dataset):
     was made from; `load_datasets` adds it before any split or subset).
     """
 
-    def __init__(self, ds, cache: FeatureCache) -> None:
+    def __init__(self, ds, cache: FeatureCache, summaries: Mapping | None = None) -> None:
+        """`summaries` (optional, `summarize_rows`): cache row -> `(logsumexp [n], argmax
+        [n])` of the target's logits, added to each row as `final_logsumexp` /
+        `final_argmax`."""
         if ROW_COLUMN not in ds.column_names:
             raise ValueError(f"the dataset needs a {ROW_COLUMN!r} column (its rows' numbers)")
         self.ds = ds
         self.cache = cache
+        self.summaries = summaries
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -155,9 +171,61 @@ class CachedFeatureDataset(Dataset):
                 f"row {r[ROW_COLUMN]}: {len(r['input_ids'])} tokens but {tapped.shape[0]} "
                 f"cached positions in {self.cache.dir}; the cache belongs to another set"
             )
-        return {
+        row = {
             "input_ids": r["input_ids"],
             "loss_mask": r["loss_mask"],
             "tapped": tapped,
             "final_hidden": final,
         }
+        if self.summaries is not None:
+            row["final_logsumexp"], row["final_argmax"] = self.summaries[int(r[ROW_COLUMN])]
+        return row
+
+
+def summarize_rows(
+    ds,
+    cache: FeatureCache,
+    summarize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    *,
+    batch_positions: int = 2048,
+    progress: bool = True,
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Per cache row of `ds` (a tokenized (sub)set with `ROW_COLUMN`): `(logsumexp [n] fp32,
+    argmax [n] long)` of `summarize(final_hidden [N, H])` at the positions the objective can
+    read (the valid anchors, `stored_positions(..., "loss")`), zero elsewhere. One pass of
+    the target's head over the set, `batch_positions` vectors at a time, instead of one per
+    training step."""
+    from tqdm.auto import tqdm
+
+    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (row, positions, vectors)
+
+    def flush() -> None:
+        if not pending:
+            return
+        lse, top = summarize(torch.cat([v for _, _, v in pending]))
+        at = 0
+        for row, pos, v in pending:
+            n = len(out[row][0])
+            lse_row, top_row = torch.zeros(n), torch.zeros(n, dtype=torch.long)
+            lse_row[pos] = lse[at : at + len(v)].float().cpu()
+            top_row[pos] = top[at : at + len(v)].long().cpu()
+            out[row] = (lse_row, top_row)
+            at += len(v)
+        pending.clear()
+
+    cols = ds.select_columns([ROW_COLUMN, "loss_mask"])
+    masks = {int(r): m for r, m in zip(cols[ROW_COLUMN], cols["loss_mask"], strict=True)}
+    rows = sorted(masks)
+    queued = 0
+    for row in tqdm(rows, desc="target summaries", unit="row", disable=not progress):
+        mask = masks[row]
+        pos = stored_positions(mask, "loss")[1]
+        out[row] = (torch.zeros(len(mask)), torch.zeros(len(mask), dtype=torch.long))
+        pending.append((row, pos, cache.final_row(row)[pos]))
+        queued += len(pos)
+        if queued >= batch_positions:
+            flush()
+            queued = 0
+    flush()
+    return out
