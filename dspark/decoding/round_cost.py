@@ -1,8 +1,8 @@
 """What the parts of a speculative round cost on this device, timed with the decoder's own parts.
 
 `RoundBench(target, draft, batch=B, context_len=C, max_tokens=N)` fills a static target cache
-with a C-token context of random ids for B rows (the tapped features of that prefill fill each
-timed draft's context cache), then times, each a `dspark.timing.median_time` of repeated
+with a C-token context of random ids for B rows (one row's prefill, copied into every row; the
+tapped features of that prefill fill each timed draft's context cache), then times, each a `dspark.timing.median_time` of repeated
 calls:
 - `ar_step`: one plain AR step (1 token a row, logits, argmax);
 - `verify(n)`: one target pass over n <= N tokens a row after the context, tapped when the
@@ -78,15 +78,21 @@ class RoundBench:
         self.pos = torch.arange(context_len + self.max_tokens, device=self.device)[None]
         self.pos = self.pos.expand(batch, -1)
         self.runner = TargetRunner(target, self.taps)
-        self.cache = TargetKVCache.for_model(target, batch, self.max_len)
-        _, self.context_taps = self.runner.forward(
-            self.ids[:, :context_len],
-            self.pos[:, :context_len],
-            self.cache,
+        # One row's context, copied into all B: the timed passes read B rows of cache as
+        # they would any context, and a B-row prefill costs B times as much (minutes for
+        # B = 32 in bf16 on a CPU without bf16 units) to fill it with other random ids.
+        first = TargetKVCache.for_model(target, 1, self.max_len)
+        _, taps = self.runner.forward(
+            self.ids[:1, :context_len],
+            self.pos[:1, :context_len],
+            first,
             bucket(context_len, 16, self.max_len),
             start=0,
             tapped=bool(self.taps),
         )
+        rows = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.cache = first if batch == 1 else first.select(rows)
+        self.context_taps = taps if taps is None or batch == 1 else taps.expand(batch, -1, -1)
         self.context_cache = (
             DraftContextCache(batch, self.max_len) if self.draft is not None else None
         )
