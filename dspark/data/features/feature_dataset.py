@@ -198,15 +198,14 @@ def summarize_rows(
     from tqdm.auto import tqdm
 
     out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (row, positions, vectors)
+    pending: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # row, n, positions, [p, H]
 
     def flush() -> None:
         if not pending:
             return
-        lse, top = summarize(torch.cat([v for _, _, v in pending]))
+        lse, top = summarize(torch.cat([v for *_, v in pending]))
         at = 0
-        for row, pos, v in pending:
-            n = len(out[row][0])
+        for row, n, pos, v in pending:
             lse_row, top_row = torch.zeros(n), torch.zeros(n, dtype=torch.long)
             lse_row[pos] = lse[at : at + len(v)].float().cpu()
             top_row[pos] = top[at : at + len(v)].long().cpu()
@@ -221,8 +220,7 @@ def summarize_rows(
     for row in tqdm(rows, desc="target summaries", unit="row", disable=not progress):
         mask = masks[row]
         pos = stored_positions(mask, "loss")[1]
-        out[row] = (torch.zeros(len(mask)), torch.zeros(len(mask), dtype=torch.long))
-        pending.append((row, pos, cache.final_row(row)[pos]))
+        pending.append((row, len(mask), pos, cache.final_row(row)[pos]))
         queued += len(pos)
         if queued >= batch_positions:
             flush()
