@@ -63,17 +63,10 @@ class PadCollator:
             attention[i, :n] = 1
             loss_mask[i, :n] = torch.as_tensor(m, dtype=torch.long)
         out = {"input_ids": input_ids, "attention_mask": attention, "loss_mask": loss_mask}
-        for key in FEATURE_KEYS:
+        for key in (*FEATURE_KEYS, *SUMMARY_KEYS):  # [n, D] -> [B, S, D]; [n] -> [B, S]
             if key in features[0]:
                 rows = [torch.as_tensor(f[key])[: len(s)] for f, s in zip(features, seqs)]
-                padded = rows[0].new_zeros((b, width, rows[0].shape[-1]))
-                for i, r in enumerate(rows):
-                    padded[i, : len(r)] = r
-                out[key] = padded
-        for key in SUMMARY_KEYS:
-            if key in features[0]:
-                rows = [torch.as_tensor(f[key])[: len(s)] for f, s in zip(features, seqs)]
-                padded = rows[0].new_zeros((b, width))
+                padded = rows[0].new_zeros((b, width, *rows[0].shape[1:]))
                 for i, r in enumerate(rows):
                     padded[i, : len(r)] = r
                 out[key] = padded

@@ -2,8 +2,8 @@
 
 `RoundBench(target, draft, batch=B, context_len=C, max_tokens=N)` fills a static target cache
 with a C-token context of random ids for B rows (one row's prefill, copied into every row; the
-tapped features of that prefill fill each timed draft's context cache), then times, each a `dspark.timing.median_time` of repeated
-calls:
+tapped features of that prefill fill each timed draft's context cache), then times, each a
+`dspark.timing.median_time` of repeated calls:
 - `ar_step`: one plain AR step (1 token a row, logits, argmax);
 - `verify(n)`: one target pass over n <= N tokens a row after the context, tapped when the
   bench has taps, row-exact where the decoder would run it so (`exact_rows`,

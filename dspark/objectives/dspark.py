@@ -136,6 +136,8 @@ class DSparkObjective:
         self.seed = int(seed)
         self.eval_seed = int(eval_seed)
         self.generator = torch.Generator().manual_seed(self.seed)
+        # (kept ids, the target head's fp32 rows at them): `_kept_head`
+        self._kept_head_cache: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
 
     # ---------------------------------------------------------------- state (resume)
     def state_dict(self) -> dict:
@@ -285,14 +287,13 @@ class DSparkObjective:
             with torch.no_grad():
                 in_vocab = L.in_vocab_labels(lab, kept_ids)[1]
                 if kept_ids is not None and summary is not None:
-                    lse, top = summary[0][rows], summary[1][rows]
                     t_kept = kept_target_logits(self._kept_head(kept_ids), final_hidden[rows])
-                    match = L.greedy_match_argmax(logits.detach(), top, kept_ids)
+                    match = L.greedy_match_argmax(logits.detach(), summary[1][rows], kept_ids)
                 else:
                     t_logits = target_logits(lm_head, final_hidden[rows])
                     match = L.greedy_match(logits.detach(), t_logits, kept_ids)
             if kept_ids is not None and summary is not None:
-                l1 = L.slot_l1_normalised(logits, t_kept, lse)
+                l1 = L.slot_l1_normalised(logits, t_kept, summary[0][rows])
             else:
                 l1 = L.slot_l1(logits, t_logits, kept_ids)
             return {
@@ -307,15 +308,15 @@ class DSparkObjective:
     def _kept_head(self, kept_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The target head's fp32 rows at `kept_ids`, made once per draft vocabulary (the
         target is frozen)."""
-        cached = getattr(self, "_kept_head_cache", None)
-        if cached is not None:
-            ids = cached[0]
-            if ids.shape == kept_ids.shape and ids.device == kept_ids.device:
-                if torch.equal(ids, kept_ids):
-                    return cached[1]
-        ids = kept_ids.detach().clone()
-        self._kept_head_cache = (ids, kept_head(self.target_lm_head, ids))
-        return self._kept_head_cache[1]
+        cached = self._kept_head_cache
+        if (
+            cached is None
+            or cached[0].shape != kept_ids.shape
+            or not torch.equal(cached[0], kept_ids.to(cached[0].device))
+        ):
+            ids = kept_ids.detach().clone()
+            cached = self._kept_head_cache = (ids, kept_head(self.target_lm_head, ids))
+        return cached[1]
 
     def _metrics(self, s: dict, use_conf: bool) -> dict[str, float]:
         W, M, nb, nfull = s["weight"], s["supervised_tokens"], s["blocks"], s["full_blocks"]

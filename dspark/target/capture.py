@@ -145,14 +145,10 @@ def target_summary(
     reduced-vocabulary loss needs the target's logits at the kept ids only
     (`kept_target_logits`, `dspark.losses.slot_l1_normalised`)."""
     lse, top = [], []
-    for s in range(0, final_hidden.shape[0], chunk_rows):
+    for s in range(0, max(final_hidden.shape[0], 1), chunk_rows):  # an empty input: one chunk
         z = target_logits(lm_head, final_hidden[s : s + chunk_rows])
         lse.append(torch.logsumexp(z, dim=-1))
         top.append(z.argmax(dim=-1))
-    if not lse:
-        return final_hidden.new_zeros(0, dtype=torch.float32), final_hidden.new_zeros(
-            0, dtype=torch.long
-        )
     return torch.cat(lse), torch.cat(top)
 
 

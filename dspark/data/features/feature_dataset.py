@@ -108,18 +108,22 @@ class FeatureCache:
 
     def row(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Row i of the tokenized set: `(tapped [n, L*H], final_hidden [n, H])`, stored dtype."""
-        f, j, n, t_off = self._locate(i)[:4]
+        loc = self._locate(i)
+        f, j, n, t_off = loc[:4]
         t0, t1 = int(t_off[j]), int(t_off[j + 1])
         tapped_part = f.get_slice("tapped")[t0:t1]
         if t1 - t0 == n:  # positions=all: nothing to fill
-            return tapped_part, self.final_row(i)
+            return tapped_part, self._final(loc)
         tapped = tapped_part.new_zeros((n, tapped_part.shape[-1]))
         tapped[: t1 - t0] = tapped_part
-        return tapped, self.final_row(i)
+        return tapped, self._final(loc)
 
     def final_row(self, i: int) -> torch.Tensor:
         """Row i's `final_hidden [n, H]` alone (zeros where nothing was stored)."""
-        f, j, n, _, f_off, f_pos = self._locate(i)
+        return self._final(self._locate(i))
+
+    def _final(self, loc) -> torch.Tensor:
+        f, j, n, _, f_off, f_pos = loc
         q0, q1 = int(f_off[j]), int(f_off[j + 1])
         final_part = f.get_slice("final_hidden")[q0:q1]
         if q1 - q0 == n:
