@@ -48,6 +48,7 @@ import torch
 from dspark import losses as L
 from dspark.objectives.base import LocalReducer, Reducer, reduce_named
 from dspark.objectives.documents import document_starts, sample_document_anchors
+from dspark.objectives.feature_noise import FEATURE_NOISE, noisy_features
 from dspark.target.capture import (
     FeatureSource,
     OnlineTargetCapture,
@@ -98,6 +99,7 @@ class DSparkObjective:
         confidence_weight: float = LOSS_WEIGHTS.confidence_weight,
         loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma,
         chunk_slots: int | None = CHUNK_SLOTS,
+        feature_noise: float = FEATURE_NOISE,
         num_anchors: int | None = None,
         seed: int = 0,
         eval_seed: int = 1234,
@@ -107,7 +109,9 @@ class DSparkObjective:
         """`target`: the frozen target (online capture and its lm_head); may be None when a
         `feature_source` and `target_lm_head` are given (offline features).
         `num_anchors=None` uses `draft_config.num_anchors`; `chunk_slots`: supervised slots per
-        loss chunk (0 / None: one chunk, no recomputation)."""
+        loss chunk (0 / None: one chunk, no recomputation). `feature_noise`: training steps
+        (never `evaluate`) add Gaussian noise to the target's tapped hidden states, std
+        `feature_noise` times each tapped vector's RMS (`noisy_features`)."""
         self.config = draft_config
         self.block_size = int(draft_config.block_size)
         self.num_anchors = int(num_anchors if num_anchors is not None else draft_config.num_anchors)
@@ -118,6 +122,9 @@ class DSparkObjective:
         if self.loss_decay_gamma <= 0:
             raise ValueError(f"loss_decay_gamma must be > 0 (got {loss_decay_gamma})")
         self.chunk_slots = int(chunk_slots or 0)
+        self.feature_noise = float(feature_noise)
+        if self.feature_noise < 0:
+            raise ValueError(f"feature_noise must be >= 0 (got {feature_noise})")
         if self.chunk_slots < 0:
             raise ValueError(f"chunk_slots must be >= 0 (got {chunk_slots})")
         if self.num_anchors < 1:
@@ -155,7 +162,8 @@ class DSparkObjective:
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Training step: `(loss, metrics)`; the draft is called once, through `forward`."""
-        return self._run(draft, batch, reducer or LocalReducer(), generator or self.generator)
+        gen = generator or self.generator
+        return self._run(draft, batch, reducer or LocalReducer(), gen, self.feature_noise)
 
     @torch.no_grad()
     def evaluate(
@@ -163,10 +171,10 @@ class DSparkObjective:
     ) -> dict[str, float]:
         """Held-out metrics (no grad), anchors drawn with a fixed seed per call."""
         gen = torch.Generator().manual_seed(self.eval_seed)
-        return self._run(draft, batch, reducer or LocalReducer(), gen)[1]
+        return self._run(draft, batch, reducer or LocalReducer(), gen, 0.0)[1]
 
     # ---------------------------------------------------------------- internals
-    def _run(self, draft, batch, reducer: Reducer, generator: torch.Generator):
+    def _run(self, draft, batch, reducer: Reducer, generator: torch.Generator, noise: float):
         g = self.block_size
         input_ids = batch["input_ids"]
         B, S = input_ids.shape
@@ -195,8 +203,11 @@ class DSparkObjective:
         if feats.final_logsumexp is not None and feats.final_argmax is not None:
             summary = (feats.final_logsumexp[b_idx, pos], feats.final_argmax[b_idx, pos])
         slot_loss = self._slot_loss(labels, feats.final_hidden[b_idx, pos], summary)
+        tapped = feats.tapped
+        if noise > 0:  # drawn after the anchors, from the same checkpointed generator
+            tapped = noisy_features(tapped, len(self.config.target_layer_ids), noise, generator)
         out = draft(
-            feats.tapped,
+            tapped,
             input_ids,
             anchors,
             valid,

@@ -156,6 +156,7 @@ def build_objective_for(cfg, target, draft_config):
         confidence_weight=o.confidence_weight,
         loss_decay_gamma=o.loss_decay_gamma,
         chunk_slots=o.chunk_slots,
+        feature_noise=o.feature_noise,
         seed=cfg.trainer.seed,  # anchor sampling; its RNG state is checkpointed
         feature_source=BatchFeatures() if cfg.data.features else None,
     )

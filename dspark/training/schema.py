@@ -19,6 +19,7 @@ from omegaconf import MISSING, OmegaConf
 from dspark.config import MARKOV_HEAD_TYPES, NUM_TARGET_FEATURES, DSparkConfig
 from dspark.errors import BadInputError
 from dspark.objectives.dspark import CHUNK_SLOTS, LOSS_WEIGHTS
+from dspark.objectives.feature_noise import FEATURE_NOISE
 
 
 @dataclass
@@ -111,6 +112,9 @@ class ObjectiveConfig:
     loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma
     # supervised slots per loss chunk, recomputed in backward (0 / null: all slots at once)
     chunk_slots: int | None = CHUNK_SLOTS
+    # Training steps add Gaussian noise to the target's tapped hidden states, std this times
+    # each vector's RMS (dspark/objectives/feature_noise.py); held-out metrics read clean ones.
+    feature_noise: float = FEATURE_NOISE
 
 
 @dataclass
@@ -209,6 +213,7 @@ _BOUNDS: dict[tuple[str, str], tuple[float, bool, str]] = {
     ("objective", "l1_weight"): (0, True, "a loss weight"),
     ("objective", "confidence_weight"): (0, True, "a loss weight"),
     ("objective", "loss_decay_gamma"): (0, False, "the positional decay of the loss"),
+    ("objective", "feature_noise"): (0, True, "the feature noise as a share of each vector's RMS"),
     ("optim", "lr"): (0, False, "the learning rate"),
     ("optim", "weight_decay"): (0, True, "AdamW's weight decay"),
     ("optim", "warmup_ratio"): (0, True, "the warm-up share of all steps"),
