@@ -1,5 +1,6 @@
-"""Ablation table: drafts trained at equal budget, compared by held-out tau_probabilistic (from
-their training runs) and decoder tau (bonus counted) on benchmark prompts at T=0 and T=1.
+"""Ablation table: drafts trained at equal budget, compared by their training runs' held-out
+tau_probabilistic, tau_greedy and first-slot greedy acceptance, and by decoder tau (bonus
+counted) on benchmark prompts at T=0 and T=1.
 
 Decoder tau needs no timing, so only the speculative decoder runs (batch 1, first turn, the
 first `num_prompts` prompts of each set, `max_new_tokens`); T>0 decoding is lossless sampling
@@ -15,10 +16,13 @@ import torch
 
 
 def training_summary(run_dir: Path) -> dict:
-    """Final held-out metrics and the run's draft-shape overrides of a distill run dir."""
+    """Final held-out metrics of a distill run dir (tau, losses, per-slot acceptance) and its
+    optimizer steps."""
     res = json.loads((run_dir / "results.json").read_text())
     final = res.get("final_eval") or res.get("eval") or {}
-    return {k: v for k, v in final.items() if "tau" in k or "loss" in k or "accept_rate" in k}
+    out = {k: v for k, v in final.items() if "tau" in k or "loss" in k or "accept" in k}
+    out["steps"] = res.get("steps")
+    return out
 
 
 @torch.inference_mode()
@@ -45,11 +49,25 @@ def decoder_tau(target, tokenizer, draft, prompts, *, temperature, max_new_token
     }
 
 
+HELD_OUT_COLUMNS = (  # (header, final_eval key) of the training run's held-out metrics
+    ("held-out tau_prob", "eval/tau_probabilistic"),
+    ("held-out tau_greedy", "eval/tau_greedy"),
+    ("held-out greedy accept@1", "eval/greedy_accept@1"),
+)
+
+
 def render_table(rows: list[dict], sets: list[str], temps: list[float]) -> str:
-    head = ["draft", "held-out tau_prob"] + [f"{s} T={t:g}" for t in temps for s in sets]
+    head = ["draft", "steps"] + [h for h, _ in HELD_OUT_COLUMNS]
+    head += [f"{s} T={t:g}" for t in temps for s in sets]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["label"], f"{r['train'].get('eval/tau_probabilistic', float('nan')):.3f}"]
+        train = r["train"]
+        cells = [r["label"], str(train.get("steps", "n/a"))]
+        cells += [_num(train.get(key)) for _, key in HELD_OUT_COLUMNS]
         cells += [f"{r['decoder'][f'{s}@{t:g}']['tau']:.2f}" for t in temps for s in sets]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _num(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
