@@ -94,7 +94,7 @@ def test_llama_cpp_serves_our_gguf_draft_losslessly(tiny_target, tiny_target_dir
 
     from helpers import CONVERT, FETCH, REFERENCE, random_draft
 
-    from dspark.eval.llama_cpp import decode_all, open_engine
+    from dspark.eval.llama_cpp import decode_all, open_engine, run_modes
     from dspark.export.gguf import write_gguf
 
     if not (REFERENCE / "convert_hf_to_gguf.py").is_file():
@@ -125,6 +125,61 @@ def test_llama_cpp_serves_our_gguf_draft_losslessly(tiny_target, tiny_target_dir
     assert spec.drafted > 0  # it speculated with our draft
     assert plain.tokens > 0
     assert [c.text for c in spec.completions] == [c.text for c in plain.completions]
+    # the benchmark's way: both engines open in one process, prompts interleaved; each mode
+    # gives what it gave alone
+    both = run_modes(settings, [Mode(), Mode("draft-dspark", 3)], {"p": prompts}, 24,
+                     progress=lambda m: None)["p"]  # fmt: skip
+    for name, alone in (("plain", plain), ("dspark n_max=3 p_min=0", spec)):
+        assert [c.text for c in both[name].completions] == [c.text for c in alone.completions]
+        assert both[name].drafted == alone.drafted
+
+
+class DriftingEngine:
+    """A fake engine on a machine that slows down as time passes: a request of n tokens
+    takes n * (1 + clock / 100) ms times the mode's own cost, and moves the clock on by one."""
+
+    clock = 0
+    calls: list[tuple[str, int]] = []
+    open_now: set[str] = set()
+
+    def __init__(self, settings, mode):
+        self.mode = mode
+        DriftingEngine.open_now.add(mode.name)
+
+    def complete(self, prompt, max_new_tokens):
+        cost = 1.0 if self.mode.spec == "none" else 0.8  # the draft mode: 1.25x, truly
+        DriftingEngine.calls.append((self.mode.name, prompt[0]))
+        assert len(DriftingEngine.open_now) == 3  # every engine stays open throughout
+        ms = max_new_tokens * cost * (1 + DriftingEngine.clock / 100)
+        DriftingEngine.clock += 1
+        return Completion(f"{prompt[0]}", max_new_tokens, ms)
+
+    def close(self):
+        DriftingEngine.open_now.discard(self.mode.name)
+
+
+def test_modes_run_interleaved_so_a_drifting_machine_biases_no_mode(monkeypatch):
+    from dspark.eval import llama_cpp
+
+    monkeypatch.setattr(llama_cpp, "open_engine", DriftingEngine)
+    DriftingEngine.clock, DriftingEngine.calls = 0, []
+    modes = [Mode(), Mode("draft-dspark", 1, 0.5), Mode("ngram-mod", 64)]
+    sets = {"a": [[i] for i in range(10)], "b": [[i] for i in range(10, 22)]}
+    runs = llama_cpp.run_modes(EngineSettings("t.gguf"), modes, sets, 32, progress=lambda m: None)
+    assert not DriftingEngine.open_now  # all closed
+    timed = DriftingEngine.calls[3:]  # after one warm-up request per mode
+    # each prompt is decoded by every mode before the next prompt; the first mode rotates
+    assert [p for _, p in timed] == [p for p in range(22) for _ in modes]
+    firsts = [timed[3 * i][0] for i in range(22)]
+    assert firsts == [modes[i % 3].name for i in range(22)]
+    for name, prompts in sets.items():
+        for m in modes:  # completions in prompt order, whatever the turn
+            assert [c.text for c in runs[name][m.name].completions] == [str(p[0]) for p in prompts]
+    # the draft mode is 1.25x faster by construction; one mode after another would have
+    # measured it on the slower, later minutes (here: 1.03x and 1.04x)
+    for name in sets:
+        r = runs[name]["dspark n_max=1 p_min=0.5"].summary(runs[name]["plain"])
+        assert r["speedup_vs_plain"] == pytest.approx(1.25, rel=0.02)
 
 
 def test_round_trip_compares_full_block_acceptance():

@@ -194,7 +194,10 @@ class NativeServerEngine:
             self._proc.kill()
 
 
-def open_engine(settings: EngineSettings, mode: Mode):
+Engine = InProcessEngine | NativeServerEngine
+
+
+def open_engine(settings: EngineSettings, mode: Mode) -> Engine:
     if settings.server_bin:
         return NativeServerEngine(settings, mode)
     return InProcessEngine(settings, mode)
@@ -255,7 +258,9 @@ class ModeRun:
         return out
 
 
-def decode_all(engine, prompts: list[list[int]], max_new_tokens: int, mode: Mode) -> ModeRun:
+def decode_all(
+    engine: Engine, prompts: list[list[int]], max_new_tokens: int, mode: Mode
+) -> ModeRun:
     run = ModeRun(mode)
     for prompt in prompts:
         run.completions.append(engine.complete(prompt, max_new_tokens))
@@ -270,20 +275,37 @@ def run_modes(
     warmup: int = 1,
     progress=print,
 ) -> dict[str, dict[str, ModeRun]]:
-    """`{set: {mode name: ModeRun}}`; each mode's engine is started once, warmed up on the
-    first prompt, then decodes every set (the plain mode first: the others are compared to
-    it)."""
-    out: dict[str, dict[str, ModeRun]] = {name: {} for name in prompt_sets}
+    """`{set: {mode name: ModeRun}}`, the modes interleaved prompt by prompt.
+
+    Every mode's engine is open at once (each holds its own copy of the models and its KV
+    cache) and warmed up on the first prompt; then each prompt is decoded by every mode in
+    turn, the order rotating by one mode from prompt to prompt. A drift of the machine's
+    speed (a shared host, a throttled CPU) then falls on every mode alike: run one mode after
+    another instead, and whichever mode met the slow minutes looked slower, by 30% or more
+    between two runs of the same draft on a shared VM."""
+    names = [m.name for m in modes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"modes must differ: {names}")
+    out = {name: {m.name: ModeRun(m) for m in modes} for name in prompt_sets}
     first = next(iter(prompt_sets.values()))[:1]
-    for mode in modes:
-        engine = open_engine(settings, mode)
-        try:
+    engines: list[tuple[Mode, Engine]] = []
+    try:
+        for mode in modes:
+            engines.append((mode, open_engine(settings, mode)))
+        for mode, engine in engines:
             for _ in range(warmup):
                 decode_all(engine, first, min(16, max_new_tokens), mode)
-            for name, prompts in prompt_sets.items():
-                progress(f"llama.cpp {mode.name}: {name} ({len(prompts)} prompts)")
-                out[name][mode.name] = decode_all(engine, prompts, max_new_tokens, mode)
-        finally:
+        turn = 0
+        for name, prompts in prompt_sets.items():
+            progress(f"llama.cpp, {len(modes)} modes interleaved: {name} ({len(prompts)} prompts)")
+            for prompt in prompts:
+                k = turn % len(engines)
+                for mode, engine in engines[k:] + engines[:k]:
+                    done = engine.complete(prompt, max_new_tokens)
+                    out[name][mode.name].completions.append(done)
+                turn += 1
+    finally:
+        for _, engine in engines:
             engine.close()
     return out
 
