@@ -89,9 +89,10 @@ else
 		dtype=$(QS_BENCH_DTYPE) verify_length=$(QS_VERIFY_LENGTH) \
 		baseline_dtypes=$(QS_BASELINE_DTYPES) output_dir=$(QS_RUN)/benchmark
 	@# The same draft and prompts in llama.cpp (plain, draft-dspark with tuned flags, n-gram),
-	@# beside the bundled decoder's figures: the engine a CPU user serves with.
+	@# beside the bundled decoder's figures: the engine a CPU user serves with. A Q4_0 draft
+	@# drafts what the F16 one does for a cheaper round (docs/results.md, "Modes interleaved").
 	@if $(PY) -c "import xllamacpp" 2>/dev/null; then \
-		$(PY) eval/llama_cpp_bench.py --draft $(QS_RUN)/draft --datasets embedded \
+		$(PY) eval/llama_cpp_bench.py --draft $(QS_RUN)/draft --draft-outtype q4_0 --datasets embedded \
 			--num-prompts $(QS_BENCH_PROMPTS) --max-new-tokens 96 --tune-prompts 4 \
 			--ours $(QS_RUN)/benchmark/results.json --output-dir $(QS_RUN)/llama_cpp; \
 	else echo "llama.cpp comparison skipped: pip install xllamacpp (or: pip install -e '.[llama-cpp]')"; fi
