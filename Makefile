@@ -132,9 +132,11 @@ smollm2-draft: setup
 		--dynamo_backend no train/distill.py recipe=smollm2 data.train=$(SM_TRAIN) \
 		data.features=$(SM_TRAIN)_features data.eval_features=$(SM_DATA)/embedded_test/features
 smollm2: smollm2-draft
+	@# As the quickstart's benchmark: the dtype and verify length measured on this machine,
+	@# plain decoding timed in fp32 and bf16 (the speedup against the fastest of them).
 	$(PY) eval/benchmark.py draft=runs/smollm2/draft datasets=[gsm8k,humaneval,mt-bench] \
-		num_prompts=$(SM_BENCH_PROMPTS) dtype=bfloat16 draft_dtype=bfloat16 \
-		output_dir=runs/smollm2/benchmark
+		num_prompts=$(SM_BENCH_PROMPTS) dtype=$(QS_BENCH_DTYPE) verify_length=$(QS_VERIFY_LENGTH) \
+		baseline_dtypes=$(QS_BASELINE_DTYPES) baselines.run=[] output_dir=runs/smollm2/benchmark
 
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
 ABL := $(PY) train/distill.py recipe=ablation tracking=none
