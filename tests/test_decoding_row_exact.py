@@ -6,14 +6,20 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import OracleDraft, prompts_for
 from transformers import AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import SpeculativeDecoder, target_step
 from dspark.decoding.cache import TargetKVCache, bucket
 from dspark.decoding.row_attention import default_exact_rows, row_exact_attention
+from dspark.decoding.row_linear import (
+    differs_by_rows,
+    dispatching_row_linears,
+    row_dependent_linears,
+)
 from dspark.decoding.target_step import TargetRunner
 from dspark.target.tiny import tiny_config
 
@@ -161,3 +167,96 @@ def test_exact_rows_default_follows_device_dtype_and_compile():
     model.float()  # the decoder follows the target's dtype now
     assert not dec.exact_rows
     assert SpeculativeDecoder(model, None, max_length=64, exact_rows=True).exact_rows
+
+
+class _RowCountLinear(torch.nn.Linear):
+    """A linear layer rounding as a CPU BLAS can: one row sums K in two halves, each rounded
+    to the weight's dtype (a matrix-vector kernel), n rows sum it whole (a GEMM)."""
+
+    def forward(self, x):
+        if x.shape[-2] > 1:
+            return super().forward(x)
+        h = self.in_features // 2
+        w, b = self.weight, self.bias
+        return F.linear(x[..., :h], w[:, :h], b) + F.linear(x[..., h:], w[:, h:])
+
+
+class _PerRowLinear(torch.nn.Linear):
+    """Row-independent by construction: each row is its own 1-row call."""
+
+    def forward(self, x):
+        one = torch.nn.Linear.forward
+        return torch.cat(
+            [
+                one(self, x[..., i : i + 1, :].clone(memory_format=torch.contiguous_format))
+                for i in range(x.shape[-2])
+            ],
+            -2,
+        )
+
+
+def _as(cls, lin):
+    new = cls(lin.in_features, lin.out_features, bias=lin.bias is not None)
+    new.load_state_dict(lin.state_dict())
+    return new.to(lin.weight.dtype)
+
+
+def test_row_count_probe_flags_only_linears_that_round_by_row_count():
+    torch.manual_seed(0)
+    base = torch.nn.Linear(64, 32, bias=False).to(torch.bfloat16)
+    assert differs_by_rows(_as(_RowCountLinear, base), 64, 4)
+    assert not differs_by_rows(_as(_PerRowLinear, base), 64, 4)
+    model = _bf16_target("llama", 256)
+    layers = model.model.layers
+    layers[1].mlp.down_proj = _as(_RowCountLinear, layers[1].mlp.down_proj)
+    flagged = row_dependent_linears(model, 3)
+    # the probe's verdict on the plain layers is this CPU's; the emulated one must be flagged,
+    # and a verdict covers its whole shape group (one module measured per shape)
+    assert any(m is layers[1].mlp.down_proj for m in flagged)
+    assert all(m is not model.lm_head for m in flagged)
+    assert row_dependent_linears(model, 3) is flagged  # measured once per model and n
+
+
+def test_dispatching_row_linears_runs_each_row_alone_and_restores_the_module():
+    torch.manual_seed(0)
+    lin = _as(_RowCountLinear, torch.nn.Linear(64, 32).to(torch.bfloat16))
+    x = torch.randn(1, 5, 64, dtype=torch.bfloat16)
+    rows = torch.cat([lin(x[:, i].unsqueeze(1).clone()) for i in range(5)], dim=1)
+    assert not torch.equal(lin(x), rows)  # the emulated GEMM rounds otherwise
+    with dispatching_row_linears([lin]):
+        assert torch.equal(lin(x), rows)
+        assert torch.equal(lin(x[:, :1]), rows[:, :1])
+    assert not torch.equal(lin(x), rows) and "forward" not in lin.__dict__
+    hooked = lin.forward  # an instance's own forward (as accelerate's hooks set) comes back
+    lin.forward = hooked
+    with dispatching_row_linears([lin]):
+        assert torch.equal(lin(x), rows)
+    assert lin.__dict__["forward"] is hooked
+
+
+def test_bf16_verify_is_exact_where_a_linear_rounds_by_row_count(monkeypatch):
+    model = _bf16_target("llama", 1024)
+    for layer in model.model.layers:
+        layer.mlp.down_proj = _as(_RowCountLinear, layer.mlp.down_proj)
+    cases = [(c, n) for c in (9, 30, 130) for n in (2, 5, 8)]
+    for c, n in cases:
+        context = prompts_for(1024, (c,), c + n)[0]
+        verify, steps = _passes(model, context, n, exact=True)
+        assert torch.equal(verify, steps), (c, n)
+    # the same passes with the attention per row but every linear batched: not exact
+    monkeypatch.setattr(target_step, "row_dependent_linears", lambda model, n: [])
+    differs = 0
+    for c, n in cases:
+        context = prompts_for(1024, (c,), c + n)[0]
+        verify, steps = _passes(model, context, n, exact=True)
+        differs += not torch.equal(verify, steps)
+    assert differs >= len(cases) // 2
+    monkeypatch.undo()
+    plain_dec = SpeculativeDecoder(model, None, max_length=256)
+    for seed, prompt in enumerate(prompts_for(1024, (5, 11), 3)):
+        plain = plain_dec.generate_autoregressive([prompt], 24).sequences[0]
+        draft = OracleDraft([prompt + plain], 1024, gamma=6, corrupt=0.2, seed=seed)
+        spec = SpeculativeDecoder(model, draft, observer=draft.recorder, max_length=256)
+        out = spec.generate([prompt], 24)
+        assert out.sequences[0] == plain
+        assert max(out.accept_lengths[0]) >= 3

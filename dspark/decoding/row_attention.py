@@ -5,15 +5,16 @@ heads of a lone query into the query axis and repeats K/V for n, torch's CPU fla
 blocks and multiplies each shape in its own order, and in bf16 that moves the attention output
 by a few ulps (measured on an AVX2 EPYC: 2.4e-4 in SmolLM2's layer 1, 0.5 in the logits), so
 the verify pass can pick another argmax than the 1-token step plain decoding takes. The linear
-layers and norms act on each row alone and did not depend on n (1-8 rows) on that CPU.
+layers and norms act on each row alone and did not depend on n (1-8 rows) on that CPU; where a
+CPU's GEMM does (an AVX-512-BF16 EPYC's), row_linear.py runs those layers per row too.
 `TargetRunner.forward(row_kv_lens=)` switches a pass here (`dispatching_rows`).
 
 `row_exact_attention` makes row i of a verify pass the very call the 1-token step makes at that
 position: the base attention (sdpa, eager, ...) with that row's query alone, the K/V slots
 `[0, row_kv_lens[i])` the 1-token step would attend (the decoder's bucketed length) and the same
 mask row. Greedy speculative output then equals the decoder's own plain greedy output in any
-dtype where the linear layers are row-independent. Cost: n small attention calls per layer
-instead of one (docs/results.md has the measured cost).
+dtype where the linear layers are row-independent or run per row (row_linear.py). Cost: n small
+attention calls per layer instead of one (docs/results.md has the measured cost).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch
 from dspark.decoding.cache import TargetKVCache, causal_mask
 from dspark.decoding.cpu_paths import matvec_head_logits
 from dspark.decoding.row_attention import base_attention_of, dispatching_rows
+from dspark.decoding.row_linear import dispatching_row_linears, row_dependent_linears
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -71,13 +72,15 @@ class TargetRunner:
         Returns `(logits, tapped)`: logits `[B, n, V]` (or `[B, V]` at the per-row indices
         `logits_at [B]`), fp32; tapped `[B, n, len(tap_ids) * H]` or None.
         `row_kv_lens [n]`: attend one query row at a time, row i to the first `row_kv_lens[i]`
-        slots (row_attention.py: each row then computes as a 1-token pass there would).
+        slots (row_attention.py), and run the linear layers this CPU rounds by row count one
+        row at a time (row_linear.py): each row then computes as a 1-token pass there would.
         """
         cache.prepare(positions, kv_len, start)
         mask = causal_mask(positions, kv_len, self.mask_dtype)
         if row_kv_lens is not None and input_ids.shape[1] > 1:
             rows = {"row_kv_lens": row_kv_lens, "base_attention": self._row_base_attention()}
-            with dispatching_rows(self.model):
+            linears = row_dependent_linears(self.model, input_ids.shape[1])
+            with dispatching_rows(self.model), dispatching_row_linears(linears):
                 hidden, taps = self._core(input_ids, positions, mask, cache, tapped, rows)
         else:
             hidden, taps = self._core(input_ids, positions, mask, cache, tapped)
