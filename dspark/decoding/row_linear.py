@@ -52,10 +52,10 @@ def row_dependent_linears(model, n: int, trials: int = 16) -> list[torch.nn.Modu
     """The `nn.Linear` modules of `model` but its head whose n-row output differs from their
     1-row output here (`differs_by_rows` on one module per distinct shape), measured once per
     model and n. The head is left out: cpu_paths.py computes its rows as one matrix product."""
-    flagged = _FLAGGED.setdefault(model, {})
+    flagged: dict[int, list[torch.nn.Module]] = _FLAGGED.setdefault(model, {})
     if n not in flagged:
         head = model.get_output_embeddings()
-        groups: dict[tuple, list[torch.nn.Module]] = {}
+        groups: dict[tuple, list[torch.nn.Linear]] = {}
         for mod in model.modules():
             if isinstance(mod, torch.nn.Linear) and mod is not head:
                 groups.setdefault(_shape_key(mod), []).append(mod)
