@@ -7,9 +7,9 @@ Measured on an AMD EPYC with AVX-512-BF16 (no AMX), torch 2.13.0: SmolLM2's `dow
 (1536 -> 576) differed from the 1-row call in ~6-8% of rows at n = 2-5, its K = 576 layers in
 none; with only that layer run per row the verify pass equalled the 1-token steps bit for bit.
 
-`row_dependent_linears(model, n)` finds those layers by measuring: for each distinct linear
-shape in the decoder layers, random rows through one of its modules as n rows and one by one
-(`trials` times). `dispatching_row_linears` then runs the flagged modules per row within a
+`row_dependent_linears(model, n)` finds those layers by measuring: for each distinct kind of
+linear layer in the target (class, shape, layout, dtype; the head aside), seeded random rows
+through one of its modules as n rows and one by one (`trials` times). `dispatching_row_linears` then runs the flagged modules per row within a
 block: row i calls the module on that row alone, as the 1-token step does. Elsewhere the
 batched GEMM stays, so a CPU whose GEMM is row-independent pays nothing.
 """
@@ -33,14 +33,14 @@ def _shape_key(mod: torch.nn.Linear) -> tuple:
             mod.bias is None)  # fmt: skip
 
 
-def differs_by_rows(mod: torch.nn.Module, in_features: int, n: int, trials: int = 16) -> bool:
+def differs_by_rows(mod: torch.nn.Linear, n: int, trials: int = 16) -> bool:
     """Whether `mod` on `n` rows `[1, n, K]` gives any row other than `mod` on that row alone
     `[1, 1, K]`, on `trials` seeded random inputs in the module's dtype."""
     param = next(mod.parameters())
     gen = torch.Generator().manual_seed(n)
     with torch.inference_mode():
         for _ in range(trials):
-            x = torch.randn(1, n, in_features, generator=gen).to(param.device, param.dtype)
+            x = torch.randn(1, n, mod.in_features, generator=gen).to(param.device, param.dtype)
             many = mod(x)
             for i in range(n):
                 if not torch.equal(many[:, i : i + 1], mod(_own(x[:, i : i + 1]))):
@@ -60,10 +60,7 @@ def row_dependent_linears(model, n: int, trials: int = 16) -> list[torch.nn.Modu
             if isinstance(mod, torch.nn.Linear) and mod is not head:
                 groups.setdefault(_shape_key(mod), []).append(mod)
         flagged[n] = [
-            mod
-            for mods in groups.values()
-            if differs_by_rows(mods[0], mods[0].in_features, n, trials)
-            for mod in mods
+            mod for mods in groups.values() if differs_by_rows(mods[0], n, trials) for mod in mods
         ]
     return flagged[n]
 
