@@ -26,8 +26,9 @@ import torch
 from dspark.dtype_choice import CANDIDATES
 
 # 2: verify passes row-exact where the decoder runs them so; draft rounds per verify length;
-# medians over interleaved rounds
-PROBE_VERSION = 2
+# medians over interleaved rounds. 3: row-exact passes also run the linear layers that round by
+# row count one row at a time (decoding/row_linear.py), so their cost changed where any do
+PROBE_VERSION = 3
 
 
 def device_label(device: torch.device) -> str:
