@@ -9,9 +9,11 @@ none; with only that layer run per row the verify pass equalled the 1-token step
 
 `row_dependent_linears(model, n)` finds those layers by measuring: for each distinct kind of
 linear layer in the target (class, shape, layout, dtype; the head aside), seeded random rows
-through one of its modules as n rows and one by one (`trials` times). `dispatching_row_linears` then runs the flagged modules per row within a
-block: row i calls the module on that row alone, as the 1-token step does. Elsewhere the
-batched GEMM stays, so a CPU whose GEMM is row-independent pays nothing.
+through one of its modules as n rows and one by one (`trials` times). The probe runs on the
+first pass of each length n (50-110 ms for SmolLM2), then its verdict is looked up.
+`dispatching_row_linears` runs the flagged modules per row within a block: row i calls the
+module on that row alone, as the 1-token step does. Elsewhere the batched GEMM stays, so a CPU
+whose GEMM is row-independent pays nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def differs_by_rows(mod: torch.nn.Linear, n: int, trials: int = 16) -> bool:
 
 def row_dependent_linears(model, n: int, trials: int = 16) -> list[torch.nn.Module]:
     """The `nn.Linear` modules of `model` but its head whose n-row output differs from their
-    1-row output here (`differs_by_rows` on one module per distinct shape), measured once per
+    1-row output here (`differs_by_rows` on one module per kind, `_shape_key`), measured once per
     model and n. The head is left out: cpu_paths.py computes its rows as one matrix product."""
     flagged: dict[int, list[torch.nn.Module]] = _FLAGGED.setdefault(model, {})
     if n not in flagged:
