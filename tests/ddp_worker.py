@@ -112,3 +112,7 @@ if __name__ == "__main__":
     torch.distributed.all_gather_object(gathered, out)
     if acc.is_main_process:
         torch.save(gathered, out_path)
+    # Leave the gloo group on purpose: a rank whose interpreter exits with the group's threads
+    # still joinable can die in std::terminate (SIGABRT) after its work is done.
+    acc.wait_for_everyone()
+    acc.end_training()
