@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup quickstart smollm2 smollm2-draft ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup quickstart llama-server smollm2 smollm2-draft ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -91,8 +91,10 @@ else
 	@# The same draft and prompts in llama.cpp (plain, draft-dspark with tuned flags, n-gram),
 	@# beside the bundled decoder's figures: the engine a CPU user serves with. A Q4_0 draft
 	@# drafts what the F16 one does for a cheaper round (docs/results.md, "Modes interleaved").
-	@if $(PY) -c "import xllamacpp" 2>/dev/null; then \
+	@# QS_LLAMA_SERVER=PATH runs a native llama-server instead of xllamacpp (make llama-server).
+	@if [ -n "$(QS_LLAMA_SERVER)" ] || $(PY) -c "import xllamacpp" 2>/dev/null; then \
 		$(PY) eval/llama_cpp_bench.py --draft $(QS_RUN)/draft --draft-outtype q4_0 --datasets embedded \
+			$(if $(QS_LLAMA_SERVER),--server-bin $(QS_LLAMA_SERVER)) \
 			--num-prompts $(QS_BENCH_PROMPTS) --max-new-tokens 96 --tune-prompts 4 \
 			--ours $(QS_RUN)/benchmark/results.json --output-dir $(QS_RUN)/llama_cpp; \
 	else echo "llama.cpp comparison skipped: pip install xllamacpp (or: pip install -e '.[llama-cpp]')"; fi
@@ -170,6 +172,13 @@ format: setup
 LLAMA_CPP_REF ?= $(HOME)/.cache/dspark/llama_cpp/llama.cpp
 $(LLAMA_CPP_REF)/convert_hf_to_gguf.py: | setup
 	-$(PY) data_scripts/fetch_llama_cpp.py --dest $(LLAMA_CPP_REF)
+
+# A llama-server built for this CPU from that tree: the xllamacpp wheel's CPU code is AVX2-only,
+# so on an AVX-512 or AMX CPU this is the fastest plain llama.cpp decoding (~9 min on 2 cores).
+LLAMA_SERVER := $(dir $(LLAMA_CPP_REF))build-native/bin/llama-server
+QS_LLAMA_SERVER ?=
+llama-server: setup
+	$(PY) data_scripts/build_llama_server.py --tree $(LLAMA_CPP_REF)
 
 test: lint typecheck $(LLAMA_CPP_REF)/convert_hf_to_gguf.py
 	DSPARK_LLAMA_CPP_DIR=$(LLAMA_CPP_REF) $(PY) -m pytest -q $(PYTEST_ARGS)
