@@ -91,7 +91,7 @@ else
 	@# The same draft and prompts in llama.cpp (plain, draft-dspark with tuned flags, n-gram),
 	@# beside the bundled decoder's figures: the engine a CPU user serves with. A Q4_0 draft
 	@# drafts what the F16 one does for a cheaper round (docs/results.md, "Modes interleaved").
-	@# QS_LLAMA_SERVER=PATH runs a native llama-server instead of xllamacpp (make llama-server).
+	@# On a llama-server built for this CPU where there is one (make llama-server), else xllamacpp.
 	@if [ -n "$(QS_LLAMA_SERVER)" ] || $(PY) -c "import xllamacpp" 2>/dev/null; then \
 		$(PY) eval/llama_cpp_bench.py --draft $(QS_RUN)/draft --draft-outtype q4_0 --datasets embedded \
 			$(if $(QS_LLAMA_SERVER),--server-bin $(QS_LLAMA_SERVER)) \
@@ -176,7 +176,8 @@ $(LLAMA_CPP_REF)/convert_hf_to_gguf.py: | setup
 # A llama-server built for this CPU from that tree: the xllamacpp wheel's CPU code is AVX2-only,
 # so on an AVX-512 or AMX CPU this is the fastest plain llama.cpp decoding (~9 min on 2 cores).
 LLAMA_SERVER := $(dir $(LLAMA_CPP_REF))build-native/bin/llama-server
-QS_LLAMA_SERVER ?=
+# the quickstart's llama.cpp step runs on it once it is built (QS_LLAMA_SERVER= : xllamacpp)
+QS_LLAMA_SERVER ?= $(wildcard $(LLAMA_SERVER))
 llama-server: setup
 	$(PY) data_scripts/build_llama_server.py --tree $(LLAMA_CPP_REF)
 
