@@ -174,7 +174,7 @@ $(LLAMA_CPP_REF)/convert_hf_to_gguf.py: | setup
 	-$(PY) data_scripts/fetch_llama_cpp.py --dest $(LLAMA_CPP_REF)
 
 # A llama-server built for this CPU from that tree: the xllamacpp wheel's CPU code is AVX2-only,
-# so on an AVX-512 or AMX CPU this is the fastest plain llama.cpp decoding (~9 min on 2 cores).
+# so on an AVX-512 or AMX CPU this is the fastest plain llama.cpp decoding (6-9 min on 2 cores).
 LLAMA_SERVER := $(dir $(LLAMA_CPP_REF))build-native/bin/llama-server
 # the quickstart's llama.cpp step runs on it once it is built (QS_LLAMA_SERVER= : xllamacpp)
 QS_LLAMA_SERVER ?= $(wildcard $(LLAMA_SERVER))

@@ -5,7 +5,7 @@ the fastest plain llama.cpp decoding to measure a draft against:
     python eval/llama_cpp_bench.py --server-bin <printed path> --draft RUN/draft ...
 
 Fetches the tree first when it is missing (data_scripts/fetch_llama_cpp.py). Needs cmake and a
-C++ compiler; takes ~9 min on 2 cores. Prints the server's path.
+C++ compiler; takes 6-9 min on 2 cores. Prints the server's path.
 """
 
 import argparse

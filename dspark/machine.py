@@ -1,4 +1,5 @@
-"""What machine a figure was measured on: the CPU's model name (every report names it)."""
+"""What machine a figure was measured on: the CPU's model name (every report names it) and its
+feature flags."""
 
 from __future__ import annotations
 
@@ -16,3 +17,15 @@ def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
+    """The CPU feature flags the kernel reports (empty when unreadable, e.g. not Linux)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()

@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from dspark.eval.llama_cpp_build import cmake_args, cpu_flags
+from dspark.eval.llama_cpp_build import cmake_args
+from dspark.machine import cpu_flags
 
 XEON_AMX = (
     "fpu sse avx avx2 bmi2 fma f16c avx512f avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8"

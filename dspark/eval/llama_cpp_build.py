@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dspark.errors import MissingPackageError, MissingPathError
+from dspark.machine import cpu_flags
 
 TARGETS = ("llama-server", "llama-bench")
 # /proc/cpuinfo flag -> the ggml option that compiles for it (x86-64)
@@ -42,17 +43,6 @@ COMMON_ARGS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
 )
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
-    """The feature flags of the first CPU in `cpuinfo` (empty where there is none)."""
-    path = Path(cpuinfo)
-    if not path.is_file():
-        return set()
-    for line in path.read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def cmake_args(flags: Iterable[str], amx: bool = False) -> list[str]:

@@ -11,22 +11,12 @@ from pathlib import Path
 
 import torch
 
+from dspark.machine import cpu_flags
+
 # CPU flags of native bf16 matrix math (Linux /proc/cpuinfo names): AVX-512 BF16 dot products
 # (Cooper Lake, Zen 4+) and AMX tiles (Sapphire Rapids+). Without them bf16 is emulated and
 # slower than fp32.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str]:
-    """The CPU feature flags the kernel reports (empty when unreadable, e.g. not Linux)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def cpu_bf16_support(cpuinfo: str | Path = "/proc/cpuinfo") -> dict:
