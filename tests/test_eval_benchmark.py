@@ -225,11 +225,66 @@ def test_explicit_dtype_one_plain_dtype_and_full_block(tiny_target, tmp_path, be
     assert f["speedup_vs_fastest_plain"] == f["speedup_vs_same_dtype_plain"]
 
 
+# The dtype probe's plain AR steps (batch 1, SmolLM2-135M, 2 threads) on two CPU kinds, as in
+# tests/test_dtype_choice.py: an AVX-512-BF16 AMD EPYC without AMX (bf16 18.9 ms, fp32 37.1)
+# and an AMX Xeon (fp32 36.6 ms, bf16 58.6).
+EPYC_AVX512 = {"bfloat16": {"t_ar": 0.0189}, "float32": {"t_ar": 0.0371}}
+XEON_AMX = {"bfloat16": {"t_ar": 0.0586}, "float32": {"t_ar": 0.0366}}
+
+
+@pytest.mark.parametrize(
+    "measured, own, margin, skipped",
+    [(EPYC_AVX512, "bfloat16", 1.25, {"float32"}),  # 1.96x: cannot be the fastest plain
+     (EPYC_AVX512, "bfloat16", 0.0, set()),  # no margin: every baseline dtype is decoded
+     (EPYC_AVX512, "bfloat16", 2.0, set()),  # 1.96x is within 2x
+     (EPYC_AVX512, "float32", 1.25, set()),  # the decoding dtype is always decoded
+     (XEON_AMX, "float32", 1.25, {"bfloat16"}),  # 1.60x
+     (XEON_AMX, "float32", 1.7, set()),
+     (XEON_AMX, "bfloat16", 1.25, set())],  # decoding in bf16: fp32 is the fastest, timed
+)  # fmt: skip
+def test_probe_skips_only_dtypes_slower_than_the_margin(measured, own, margin, skipped):
+    from types import SimpleNamespace
+
+    from dspark.eval.fastest_plain import probe_skipped
+
+    cfg = SimpleNamespace(baseline_dtypes=["float32", "bfloat16"], baseline_probe_margin=margin)
+    out = probe_skipped(cfg, {"dtype": {"measured": measured}}, own)
+    assert set(out) == skipped
+    best = min(p["t_ar"] for p in measured.values())
+    for d, s in out.items():
+        assert s["ratio"] == pytest.approx(measured[d]["t_ar"] / best) and s["ratio"] > margin
+    assert probe_skipped(cfg, {}, own) == {}  # an explicit dtype: no probe, nothing skipped
+
+
+def test_probe_margin_skips_the_slower_baseline_end_to_end(tiny_target, tmp_path, bench_dir):
+    from dspark.eval.runner import run
+
+    draft = _draft(tiny_target, tmp_path / "draft")
+    cfg = _compose([f"draft={draft}", "datasets=[tiny]", f"bench_dir={bench_dir}",
+                    "max_new_tokens=5", "baselines.run=[]", "plots=false", "warmup=0",
+                    "num_prompts=1", "dtype=auto", "baseline_dtypes=[float32,bfloat16]",
+                    "baseline_probe_margin=1", "probe_repeats=1", "num_threads=1"])  # fmt: skip
+    res, report = run(cfg, tmp_path / "out")
+    auto = res["auto_settings"]
+    own = res["conditions"]["dtype"]
+    steps = {d: p["t_ar"] for d, p in auto["dtype"]["measured"].items()}
+    # margin 1: every dtype but the decoding one that the probe measured slower than the
+    # fastest is left out, and only those
+    want = {d for d, t in steps.items() if d != own and t > min(steps.values())}
+    assert set(auto["baseline_skipped"]) == want
+    plain = res["datasets"]["tiny"]["speed"]["fastest_plain"]["plain_by_dtype"]
+    assert set(plain) == {"float32", "bfloat16"} - want and own in plain
+    assert res["conditions"]["baseline_dtypes"] == [own, *sorted(set(plain) - {own})]
+    for d in want:
+        assert f"Not decoded end to end: {d}" in report
+
+
 @pytest.mark.parametrize(
     "override, fix",
     [("verify_length=abc", "verify_length='abc' must be auto, full or an integer"),
      ("baseline_dtypes=[fp8]", "baseline_dtypes=['fp8']"),
-     ("probe_repeats=0", "probe_repeats=0 must be >= 1")],
+     ("probe_repeats=0", "probe_repeats=0 must be >= 1"),
+     ("baseline_probe_margin=0.5", "baseline_probe_margin=0.5 must be 0")],
 )  # fmt: skip
 def test_bad_auto_settings_fail_clearly(override, fix):
     from dspark.errors import BadInputError

@@ -78,6 +78,10 @@ class BenchmarkConfig:
     # plain decoding also timed in these dtypes (e.g. [float32,bfloat16]), so the report gives
     # the speedup against the fastest plain decoding on this machine; []: the decoding dtype only
     baseline_dtypes: list[str] = field(default_factory=list)
+    # with dtype=auto: a baseline dtype whose probed AR step is over this many times the fastest
+    # candidate's is not decoded end to end (the report says so, with the probe's figures);
+    # 0: decode every one
+    baseline_probe_margin: float = 0.0
     # drafts verified per round: auto (from the draft's held-out acceptance per position and
     # this machine's measured verify-cost curve; the full block without them), full, or 1..gamma
     verify_length: str = "auto"
@@ -197,6 +201,11 @@ def check(cfg) -> None:
         raise BadInputError(
             f"baseline_dtypes={list(cfg.baseline_dtypes)}: {bad} not a dtype; use float32, "
             "bfloat16 or float16, e.g. baseline_dtypes=[float32,bfloat16]"
+        )
+    if not cfg.baseline_probe_margin == 0 and not cfg.baseline_probe_margin >= 1:
+        raise BadInputError(
+            f"baseline_probe_margin={cfg.baseline_probe_margin} must be 0 (decode every baseline "
+            "dtype) or >= 1, e.g. baseline_probe_margin=1.25"
         )
     if str(cfg.verify_length).strip().lower() not in ("auto", "full"):
         if not str(cfg.verify_length).strip().isdigit() or int(cfg.verify_length) < 1:

@@ -183,7 +183,10 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     if "hf_assisted" in cfg.baselines.run:
         layers = cfg.baselines.assistant_layers or max(1, target.config.num_hidden_layers // 4)
         assistant = hf.truncated_self_draft(target, layers)
-    bench = Bench(cfg, target, tokenizer, decoder, block, assistant, fp.plain_decoders(cfg, target))
+    own = fp.dtype_name(next(target.parameters()).dtype)
+    auto["baseline_skipped"] = fp.probe_skipped(cfg, auto, own)
+    plain = fp.plain_decoders(cfg, target, auto["baseline_skipped"])
+    bench = Bench(cfg, target, tokenizer, decoder, block, assistant, plain)
     first = load_dataset(cfg.datasets[0], cfg.bench_dir, 1)
     bench.warmup(render(tokenizer, first[0], [], cfg.system_prompt))
     torch.manual_seed(cfg.seed)
