@@ -144,9 +144,15 @@ def target_summary(
     `final_hidden [N, H]`, `chunk_rows` rows of `[rows, V]` logits at a time. With them, a
     reduced-vocabulary loss needs the target's logits at the kept ids only
     (`kept_target_logits`, `dspark.losses.slot_l1_normalised`)."""
+    # The head cast to fp32 once, not per chunk: a [V, H] copy per 1024 rows was ~30% of the
+    # time for a bf16 SmolLM2 head (V 49,152) on a 2-core CPU. The values of target_logits.
+    weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+    assert isinstance(weight, torch.Tensor)
+    weight, bias = weight.float(), None if bias is None else bias.float()
     lse, top = [], []
     for s in range(0, max(final_hidden.shape[0], 1), chunk_rows):  # an empty input: one chunk
-        z = target_logits(lm_head, final_hidden[s : s + chunk_rows])
+        with torch.autocast(final_hidden.device.type, enabled=False):
+            z = F.linear(final_hidden[s : s + chunk_rows].float(), weight, bias)
         lse.append(torch.logsumexp(z, dim=-1))
         top.append(z.argmax(dim=-1))
     return torch.cat(lse), torch.cat(top)
