@@ -382,3 +382,30 @@ def test_measured_profile_is_cached_per_device_target_dtype(tiny_target, monkeyp
     assert dec.policy.sps.times == prof.times
     out = dec.generate([[1, 2, 3]], 6)
     assert out.sequences == [greedy_reference(model, [1, 2, 3], 6)]
+
+
+def test_profile_of_another_version_is_refused_and_a_stale_cache_remeasured(
+    tiny_target, tmp_path, monkeypatch
+):
+    import json
+
+    from dspark.decoding import sps as sps_module
+
+    grid = {"rows": [1], "widths": [1, 4], "times": [[0.01, 0.02]]}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(grid))  # written before versioning: read as version 1
+    assert SPSProfile.load(old).times == [[0.01, 0.02]]
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({**grid, "version": sps_module.PROFILE_VERSION + 1}))
+    with pytest.raises(sps_module.StaleProfileError, match="re-run eval/profile_sps.py"):
+        SPSProfile.load(newer)
+
+    model, _ = tiny_target("qwen3")
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    path = sps_module.cache_path(model.config._name_or_path, torch.device("cpu"), torch.float32, 3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(newer.read_text())
+    kw = {"rows": [1], "widths": [1, 2], "context_len": 8, "reps": 1}
+    prof = sps_module.load_or_measure(model, gamma=3, **kw)
+    assert prof.meta["source"] == "measured" and prof.widths == [1, 2]
+    assert json.loads(path.read_text())["version"] == sps_module.PROFILE_VERSION

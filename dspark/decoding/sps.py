@@ -32,6 +32,10 @@ import torch
 PROFILE_VERSION = 1
 
 
+class StaleProfileError(ValueError):
+    """A profile of another PROFILE_VERSION: its grid may not mean what this code reads."""
+
+
 def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
     """Piecewise-linear through (xs, ys), extended linearly past both ends (floored at 0)."""
     if len(xs) == 1:
@@ -95,6 +99,12 @@ class SPSProfile:
 
     @classmethod
     def from_dict(cls, d: dict) -> SPSProfile:
+        # a profile written before versioning has none: the grid it holds is version 1's
+        version = d.get("version", 1)
+        if version != PROFILE_VERSION:
+            raise StaleProfileError(
+                f"SPS profile version {version}, this dspark reads version {PROFILE_VERSION}"
+            )
         return cls(d["rows"], d["widths"], d["times"], d.get("draft_times"), d.get("meta", {}))
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -109,6 +119,8 @@ class SPSProfile:
     def load(cls, path: str | os.PathLike) -> SPSProfile:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
+        except StaleProfileError as e:
+            raise StaleProfileError(f"{path}: {e}; re-run eval/profile_sps.py") from e
         except (KeyError, json.JSONDecodeError) as e:
             raise ValueError(
                 f"{path} is not an SPS profile ({e}); re-run eval/profile_sps.py"
@@ -285,8 +297,11 @@ def load_or_measure(
     vocab = DraftVocab.of(draft) if draft is not None else None
     path = cache_path(name, param.device, param.dtype, gamma, vocab.size if vocab else None)
     if path.exists() and not refresh:
-        prof = SPSProfile.load(path)
-        if draft is None or prof.draft_times:
+        try:
+            prof = SPSProfile.load(path)
+        except StaleProfileError:  # a cache, not a user's file: measured again below
+            prof = None
+        if prof is not None and (draft is None or prof.draft_times):
             return prof
     prof = measure(target, draft, gamma=gamma, **kwargs)
     prof.meta["cache_path"] = str(path)
