@@ -297,12 +297,13 @@ def load_or_measure(
     vocab = DraftVocab.of(draft) if draft is not None else None
     path = cache_path(name, param.device, param.dtype, gamma, vocab.size if vocab else None)
     if path.exists() and not refresh:
+        cached: SPSProfile | None
         try:
-            prof = SPSProfile.load(path)
+            cached = SPSProfile.load(path)
         except StaleProfileError:  # a cache, not a user's file: measured again below
-            prof = None
-        if prof is not None and (draft is None or prof.draft_times):
-            return prof
+            cached = None
+        if cached is not None and (draft is None or cached.draft_times):
+            return cached
     prof = measure(target, draft, gamma=gamma, **kwargs)
     prof.meta["cache_path"] = str(path)
     prof.save(path)
