@@ -5,7 +5,9 @@ per candidate dtype (seconds, medians):
     {"float32": {"t_ar": s, "t_verify": {n: s, ...}, "t_draft": s | None}, "bfloat16": {...}}
 - `t_ar`: one plain AR step of B rows (1 token each);
 - `t_verify[n]`: one target pass of B rows x n tokens with the tapped features (a speculative
-  round's verify of n - 1 drafts plus the anchor; for feature capture, a forward of n tokens);
+  round's verify of n - 1 drafts plus the anchor; for feature capture, a forward of n tokens),
+  non-decreasing in n (the probe fits the measured medians, `t_verify_measured`, with
+  `nondecreasing_fit`);
 - `t_draft`: one draft round (`propose`) of B rows, None without a draft;
 - `t_draft_steps[L]` (optional): a draft round that drafts only the L tokens a round verifying
   L drafts needs (the decoder's full-block policy stops the Markov loop there).
@@ -27,6 +29,21 @@ from collections.abc import Mapping, Sequence
 
 JOBS = ("plain", "speculative", "capture")
 CANDIDATES = ("float32", "bfloat16")
+
+
+def nondecreasing_fit(values: Sequence[float]) -> list[float]:
+    """The least-squares non-decreasing sequence nearest `values` (pool adjacent violators).
+
+    A target pass over more tokens is never cheaper, so a measured verify curve that dips (a
+    noisy sample on a shared host) is pooled with its neighbours: each violating run becomes its
+    mean, instead of one low sample pricing a whole verify length or dtype too cheaply."""
+    blocks: list[list[float]] = []  # [mean, count] of each pooled run, left to right
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return [m for m, c in blocks for _ in range(int(c))]
 
 
 def _curve(p: Mapping) -> dict[int, float]:

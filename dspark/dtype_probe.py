@@ -2,9 +2,11 @@
 
 `load_or_probe(target, ...)` returns the profile `dspark.dtype_choice` decides from: per dtype
 the plain AR step, the target pass of n tokens (tapped) and, with a draft, one draft round, all
-at the batch B the job runs (B rows over a `context_len`-token context; medians of `repeats`
-after a warm-up). Each candidate runs on a copy of the target (and draft) cast to it, so the
-caller's models are left as they are; the numbers are about speed only (random token ids).
+at the batch B the job runs (B rows over a `context_len`-token context; medians over
+interleaved rounds of every figure of every candidate, each the median of `repeats` calls after
+a warm-up). Each candidate runs on a copy of the target (and draft) cast to it, so the caller's
+models are left as they are; the numbers are about speed only (random token ids). The verify
+curve is fitted non-decreasing in its token count (`dtype_choice.nondecreasing_fit`).
 
 Cached under `$DSPARK_CACHE/dtype_probe/` keyed by the device name (`dspark.machine.cpu_name`
 on CPUs, the CUDA name otherwise), CPU threads, target, batch, the token counts measured and the
@@ -27,8 +29,9 @@ from dspark.dtype_choice import CANDIDATES
 
 # 2: verify passes row-exact where the decoder runs them so; draft rounds per verify length;
 # medians over interleaved rounds. 3: row-exact passes also run the linear layers that round by
-# row count one row at a time (decoding/row_linear.py), so their cost changed where any do
-PROBE_VERSION = 3
+# row count one row at a time (decoding/row_linear.py), so their cost changed where any do.
+# 4: the dtypes timed in interleaved rounds; the verify curve fitted non-decreasing in n
+PROBE_VERSION = 4
 
 
 def device_label(device: torch.device) -> str:
@@ -93,6 +96,84 @@ def cache_path(key: dict) -> Path:
     return cache_root() / "dtype_probe" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".json")
 
 
+def _points(
+    target,
+    draft,
+    *,
+    batch: int,
+    tokens: Sequence[int],
+    taps: Sequence[int],
+    context_len: int,
+    repeats: int,
+    exact_rows: bool | None,
+) -> dict[str, Callable[[], float]]:
+    """One timer per figure of `target` (and `draft`) as they are: "t_ar", "v{n}" (a verify /
+    capture pass of n tokens), "t_draft" and "d{L}" (a round drafting L tokens); each call
+    returns the median of `repeats` timed calls."""
+    from dspark.decoding.round_cost import RoundBench
+
+    bench = RoundBench(
+        target,
+        draft,
+        batch=batch,
+        context_len=context_len,
+        max_tokens=max([1, *tokens]),
+        taps=None if draft is not None else list(taps),
+        exact_rows=exact_rows,
+    )
+    # [B, n] tokens a pass, tapped as a verify / capture pass is (no draft context written)
+    gamma = int(draft.config.block_size) if draft is not None else 0
+    points: dict[str, Callable[[], float]] = {"t_ar": partial(bench.time_ar, repeats)}
+    for n in tokens:
+        points[f"v{int(n)}"] = partial(bench.time_verify, int(n), repeats, write_context=False)
+    if draft is not None:
+        points["t_draft"] = partial(bench.time_draft, repeats)
+        for n in tokens:  # a round verifying L drafts runs the Markov loop L steps only
+            if 2 <= int(n) <= gamma + 1:
+                points[f"d{int(n) - 1}"] = partial(bench.time_draft, repeats, steps=int(n) - 1)
+    return points
+
+
+def _sample(points: dict[str, dict[str, Callable[[], float]]], rounds: int) -> dict[str, dict]:
+    """Per dtype, per figure, the median over `rounds` interleaved rounds, each timing every
+    figure of every dtype once (the dtypes in turn, in alternating order). A burst of noise on a
+    shared host, or a host that drifts slower, then moves one sample of every figure of every
+    dtype, not every sample of one figure or of one dtype (on a 2-core VM, one-shot medians had
+    chosen a verify length timed in a quiet spell, and dtypes probed one after the other had
+    been compared across a drift)."""
+    names = list(points)
+    samples: dict[str, dict[str, list[float]]] = {d: {k: [] for k in points[d]} for d in names}
+    for r in range(max(1, int(rounds))):
+        for d in names if r % 2 == 0 else reversed(names):
+            for k, fn in points[d].items():
+                samples[d][k].append(fn())
+    return {d: {k: statistics.median(v) for k, v in samples[d].items()} for d in names}
+
+
+def _figures(med: dict[str, float], tokens: Sequence[int], with_draft: bool) -> dict:
+    """The profile entry of one dtype from its medians: the verify curve fitted non-decreasing
+    in n (`nondecreasing_fit`; the medians stay under "t_verify_measured"), and draft rounds
+    never dearer for fewer drafts."""
+    from dspark.dtype_choice import nondecreasing_fit
+
+    ns = sorted(int(n) for n in tokens)
+    measured = {n: med[f"v{n}"] for n in ns}
+    out: dict = {
+        "t_ar": med["t_ar"],
+        "t_verify": dict(zip(ns, nondecreasing_fit([measured[n] for n in ns]))),
+        "t_verify_measured": measured,
+        "t_draft": med.get("t_draft"),
+    }
+    if with_draft:
+        steps = {int(k[1:]): t for k, t in med.items() if k.startswith("d")}
+        # drafting fewer tokens is never dearer: a figure above a longer round's is noise
+        low = float("inf")
+        for L in sorted(steps, reverse=True):
+            steps[L] = low = min(steps[L], low)
+        out["t_draft_steps"] = steps
+    return out
+
+
 def measure_one(
     target,
     draft=None,
@@ -105,52 +186,21 @@ def measure_one(
     exact_rows: bool | None = None,
     rounds: int = 3,
 ) -> dict:
-    """{"t_ar", "t_verify": {n: s}, "t_draft", "t_draft_steps": {L: s}} of `target` (and
-    `draft`) as they are (`t_draft`: the whole block; `t_draft_steps[L]`: its first L tokens);
-    `exact_rows`: verify passes as the decoder runs them (None: its default)."""
-    from dspark.decoding.round_cost import RoundBench
-
-    bench = RoundBench(
+    """{"t_ar", "t_verify": {n: s}, "t_verify_measured", "t_draft", "t_draft_steps": {L: s}}
+    of `target` (and `draft`) as they are (`t_draft`: the whole block; `t_draft_steps[L]`: its
+    first L tokens); `exact_rows`: verify passes as the decoder runs them (None: its default)."""
+    points = _points(
         target,
         draft,
         batch=batch,
+        tokens=tokens,
+        taps=taps,
         context_len=context_len,
-        max_tokens=max([1, *tokens]),
-        taps=None if draft is not None else list(taps),
+        repeats=repeats,
         exact_rows=exact_rows,
     )
-    # [B, n] tokens a pass, tapped as a verify / capture pass is (no draft context written).
-    # Every figure is the median over `rounds` interleaved passes over all of them, each the
-    # median of `repeats` calls: a burst of noise from a shared host then moves one sample
-    # of each figure, not every sample of one (on a 2-core VM one-shot medians chose a
-    # verify length whose round had happened to be timed in a quiet spell).
-    gamma = int(draft.config.block_size) if draft is not None else 0
-    points: dict[str, Callable[[], float]] = {"t_ar": partial(bench.time_ar, repeats)}
-    for n in tokens:
-        points[f"v{int(n)}"] = partial(bench.time_verify, int(n), repeats, write_context=False)
-    if draft is not None:
-        points["t_draft"] = partial(bench.time_draft, repeats)
-        for n in tokens:  # a round verifying L drafts runs the Markov loop L steps only
-            if 2 <= int(n) <= gamma + 1:
-                points[f"d{int(n) - 1}"] = partial(bench.time_draft, repeats, steps=int(n) - 1)
-    samples: dict[str, list[float]] = {k: [] for k in points}
-    for _ in range(max(1, int(rounds))):
-        for k, fn in points.items():
-            samples[k].append(fn())
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    out: dict = {
-        "t_ar": med["t_ar"],
-        "t_verify": {int(n): med[f"v{int(n)}"] for n in tokens},
-        "t_draft": med.get("t_draft"),
-    }
-    if draft is not None:
-        steps = {int(k[1:]): t for k, t in med.items() if k.startswith("d")}
-        # drafting fewer tokens is never dearer: a figure above a longer round's is noise
-        low = float("inf")
-        for L in sorted(steps, reverse=True):
-            steps[L] = low = min(steps[L], low)
-        out["t_draft_steps"] = steps
-    return out
+    med = _sample({"one": points}, rounds)["one"]
+    return _figures(med, tokens, draft is not None)
 
 
 def probe(
@@ -164,17 +214,22 @@ def probe(
     context_len: int = 128,
     repeats: int = 5,
     exact_rows: bool | None = None,
+    rounds: int = 3,
 ) -> dict[str, dict]:
-    """`measure_one` per candidate dtype, each on a copy cast to it (the models are untouched)."""
+    """`measure_one`'s figures per candidate dtype, each on a copy cast to it (the models are
+    untouched), the candidates timed in interleaved rounds (`_sample`). Every copy is alive
+    for the whole probe: about the target's size in each candidate dtype, on its device."""
     from dspark.target.loading import _as_dtype
 
-    profile = {}
+    points, models = {}, []
     for name in candidates:
         dtype = _as_dtype(name)
         # copies made outside inference mode: the draft's T=0 pruner tracks weight versions
         t = copy.deepcopy(target).to(dtype).eval()
         d = copy.deepcopy(draft).to(dtype).eval() if draft is not None else None
-        profile[str(dtype).replace("torch.", "")] = measure_one(
+        models.append((t, d))
+        key = str(dtype).replace("torch.", "")
+        points[key] = _points(
             t,
             d,
             batch=batch,
@@ -184,8 +239,9 @@ def probe(
             repeats=repeats,
             exact_rows=exact_rows,
         )
-        del t, d
-    return profile
+    med = _sample(points, rounds)
+    del points, models
+    return {d: _figures(m, tokens, draft is not None) for d, m in med.items()}
 
 
 def load_or_probe(
@@ -234,8 +290,10 @@ def load_or_probe(
 
 
 def _int_keys(p: dict) -> dict:
-    """JSON made the token counts of `t_verify` / `t_draft_steps` strings: back to ints."""
+    """JSON made the token counts of `t_verify(_measured)` / `t_draft_steps` strings: back to ints."""
     out = p | {"t_verify": {int(n): float(t) for n, t in p["t_verify"].items()}}
+    if p.get("t_verify_measured"):
+        out["t_verify_measured"] = {int(n): float(t) for n, t in p["t_verify_measured"].items()}
     if p.get("t_draft_steps"):
         out["t_draft_steps"] = {int(n): float(t) for n, t in p["t_draft_steps"].items()}
     return out

@@ -7,7 +7,12 @@ import json
 import pytest
 import torch
 
-from dspark.dtype_choice import best_verify_length, choose_dtype, expected_tokens
+from dspark.dtype_choice import (
+    best_verify_length,
+    choose_dtype,
+    expected_tokens,
+    nondecreasing_fit,
+)
 
 # The quickstart draft's held-out greedy acceptance per position (eval/greedy_accept@k of a
 # 240-step run on 320 embedded answers): P(draft k accepted | drafts < k accepted).
@@ -144,6 +149,60 @@ def test_json_profiles_with_string_keys_decide_the_same():
     assert expected_tokens(ACCEPT, 2) == pytest.approx(1 + 0.376 + 0.376 * 0.235)
 
 
+def _minmax_isotonic(y: list[float]) -> list[float]:
+    """The isotonic (non-decreasing, least-squares) fit by its min-max formula, an independent
+    reference for pool-adjacent-violators: f_i = max_{j <= i} min_{k >= i} mean(y_j..y_k)."""
+    mean = lambda a, b: sum(y[a : b + 1]) / (b + 1 - a)  # noqa: E731
+    n = len(y)
+    return [max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
+
+
+def test_verify_curve_fit_pools_a_dip_and_matches_the_minmax_formula():
+    # machine D's fp32 verify medians for 2..5 tokens (ms) on a drifting host: 3 tokens measured
+    # dearer than 4 and 5. The fit pools 121.9, 88.6, 100.4 into their mean, by hand 103.633
+    measured = [95.9, 121.9, 88.6, 100.4]
+    fit = nondecreasing_fit(measured)
+    assert fit == pytest.approx([95.9, 103.6333, 103.6333, 103.6333], abs=1e-4)
+    assert nondecreasing_fit([1.0, 2.0, 2.0, 5.0]) == [1.0, 2.0, 2.0, 5.0]  # already monotone
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        y = torch.rand(int(torch.randint(1, 9, (1,), generator=gen)), generator=gen).tolist()
+        got = nondecreasing_fit(y)
+        assert got == pytest.approx(_minmax_isotonic(y), abs=1e-12)
+        assert all(a <= b + 1e-15 for a, b in zip(got, got[1:]))
+        assert sum(got) == pytest.approx(sum(y))  # each pooled run keeps its mean
+
+
+def test_probe_rounds_interleave_the_dtypes_against_host_drift():
+    """Two dtypes of equal true cost on a host that gets slower every call: timed one dtype
+    after the other (the old probe), the second looks ~(figures x rounds) calls dearer; in
+    interleaved rounds of alternating order their medians stay within one round's drift."""
+    from dspark.dtype_probe import _sample
+
+    calls: list[str] = []
+
+    def timer(name):
+        def fn():
+            calls.append(name)
+            return 1.0 + 0.01 * len(calls)  # the host drifts: each call 1% dearer than the last
+
+        return fn
+
+    figures = ("t_ar", "v2", "v3")
+    points = {d: {k: timer(f"{d}:{k}") for k in figures} for d in ("float32", "bfloat16")}
+    med = _sample(points, rounds=3)
+    assert len(calls) == 2 * 3 * 3
+    # the rounds alternate which dtype goes first: A B | B A | A B
+    order = [c.split(":")[0] for c in calls[:: len(figures)]]
+    assert order == ["float32", "bfloat16", "bfloat16", "float32", "float32", "bfloat16"]
+    for k in figures:
+        gap = abs(med["float32"][k] - med["bfloat16"][k])
+        assert gap <= 0.01 * len(figures) + 1e-9  # within one dtype's share of a round
+    calls.clear()  # the same timers probed one dtype after the other fail that bound
+    one_by_one = {d: _sample({d: points[d]}, rounds=3)[d] for d in points}
+    assert one_by_one["bfloat16"]["t_ar"] - one_by_one["float32"]["t_ar"] > 0.01 * len(figures) * 2
+
+
 def test_probe_on_a_tiny_target_reports_and_caches(tiny_target, one_thread):
     from dspark.config import DSparkConfig
     from dspark.dtype_probe import choose
@@ -162,6 +221,10 @@ def test_probe_on_a_tiny_target_reports_and_caches(tiny_target, one_thread):
     assert first["dtype"] in first["measured"] and not first["cached"]
     for p in first["measured"].values():
         assert set(p["t_verify"]) == {2, 3, 4} and p["t_draft"] is not None
+        curve = [p["t_verify"][n] for n in (2, 3, 4)]  # fitted: never cheaper for more tokens
+        assert curve == pytest.approx(
+            nondecreasing_fit([p["t_verify_measured"][n] for n in (2, 3, 4)])
+        )
         steps = p["t_draft_steps"]  # a round per verify length, never dearer for fewer drafts
         assert set(steps) == {1, 2, 3} and steps[1] <= steps[2] <= steps[3]
     assert first["conditions"]["batch"] == 2 and first["conditions"]["device"]

@@ -123,11 +123,17 @@ def report_lines(auto: dict | None) -> list[str]:
             f"Conditions: dtype=auto probe on `{c['device']}`, {c['threads']} threads, batch {c['batch']}"
             f" ({'read from' if d['cached'] else 'measured, cached in'} `{d['cache_path']}`):",
             "",
-            "| dtype | AR step | verify (tokens: ms) | draft round (drafts: ms) | job cost | from |",
+            "| dtype | AR step | verify (tokens: ms, fitted non-decreasing) | draft round (drafts: ms) | job cost | from |",
             "|---|---|---|---|---|---|",
         ]
         for name, p in d["measured"].items():
-            curve = ", ".join(f"{n}: {1e3 * t:.1f}" for n, t in p["t_verify"].items())
+            raw = {int(n): t for n, t in (p.get("t_verify_measured") or {}).items()}
+            curve = ", ".join(
+                f"{n}: {1e3 * t:.1f}"
+                + (f" (measured {1e3 * raw[int(n)]:.1f})" if int(n) in raw and
+                   abs(raw[int(n)] - t) > 5e-5 else "")
+                for n, t in p["t_verify"].items()
+            )  # fmt: skip
             steps = p.get("t_draft_steps") or {}
             drafts = ", ".join(f"{n}: {1e3 * t:.1f}" for n, t in steps.items()) or ms(p["t_draft"])
             cost = d["costs"][name]
