@@ -88,14 +88,15 @@ def regenerate_main(argv=None) -> int:
         "--backend",
         default="decoder",
         choices=("decoder", "hf"),
-        help="decoder: dspark's static-cache batched decoder, rows grouped by prompt length "
-        "(fast); hf: batched HF generate (the fallback). --server overrides both",
+        help="decoder: dspark's static-cache decoder, batched continuously in prompt-length "
+        "order (fast); hf: batched HF generate (the fallback). --server overrides both",
     )
     p.add_argument(
         "--batch-size",
         type=int,
         default=None,
-        help="rows decoded together (default: 32 for the decoder backend, 8 for hf) or "
+        help="rows decoded together (default: 32 for the decoder backend, whose finished rows "
+        "take the next waiting ones; 8 for hf) or "
         "concurrent requests to --server (default 8)",
     )
     p.add_argument(
@@ -103,7 +104,7 @@ def regenerate_main(argv=None) -> int:
         type=int,
         default=None,
         help="rows handed to the backend at once and written together when done; the decoder "
-        "sorts them by prompt length into batches (default: 4 x batch size for the decoder, "
+        "sorts them by prompt length and keeps --batch-size of them decoding (default: 4 x batch size for the decoder, "
         "the batch size otherwise)",
     )
     p.add_argument("--max-new-tokens", type=int, default=256)

@@ -19,6 +19,17 @@ def bucket(n: int, size: int, cap: int) -> int:
     return min(cap, -(-n // size) * size)
 
 
+def right_padded(prompts: Sequence[Sequence[int]], device) -> tuple:
+    """`(ids [B, W], positions [B, W], lengths)` of prompts right-padded with 0 to the longest
+    W: token j of each row sits at position (slot) j."""
+    lens = [len(p) for p in prompts]
+    ids = torch.zeros((len(prompts), max(lens)), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+    pos = torch.arange(ids.shape[1], device=device)[None].expand(ids.shape)
+    return ids.to(device), pos, lens
+
+
 def row_kv_lengths(first: int, n: int, size: int, cap: int) -> list[int]:
     """The KV length a 1-token step attends at each of positions `first .. first + n - 1`
     (`bucket(pos + 1)`): what a row-exact pass gives each of its n rows (row_attention.py)."""
@@ -134,7 +145,13 @@ class TargetKVCache:
         row's whole slab; this cache's rows are overwritten, so a caller that keeps a finished
         row copies it first (`select`)."""
         _move_rows(self.keys + self.values, moves)
-        return self._with([k[:rows] for k in self.keys], [v[:rows] for v in self.values])
+        return self.rows(0, rows)
+
+    def rows(self, start: int, stop: int) -> TargetKVCache:
+        """A cache over batch rows `start .. stop - 1`: views of this cache's storage, so what a
+        forward writes through it lands here (continuous batching prefills admitted requests
+        into the free rows after the live ones this way)."""
+        return self._with([k[start:stop] for k in self.keys], [v[start:stop] for v in self.values])
 
     def prepare(self, positions: torch.Tensor, kv_len: int, start: int | None = None):
         self.kv_len = kv_len

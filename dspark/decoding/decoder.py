@@ -22,7 +22,8 @@ compare like with like) and the commit; its round is one 1-token step.
 Batching: prompts are right-padded and every row owns its positions (slot = position), so
 requests advance by their own acceptance lengths with no leakage. A request that finishes
 (EOS / budget) leaves the batch (`LiveBatch`, live_batch.py) by swap-remove, so later rounds
-cost only what the live requests need (both decoders do this, keeping the comparison fair).
+cost only what the live requests need (both decoders do this, keeping the comparison fair);
+plain decoding with `max_batch` refills the freed rows with waiting requests (regeneration).
 Host syncs: one small device->host copy per round (accept counts and tokens, needed for
 EOS / budget bookkeeping), plus one more when the policy reads the confidences (the verify
 lengths). The verify pass runs the longest verify length (rows with shorter ones ignore the
@@ -40,7 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket, row_kv_lengths
+from dspark.decoding.cache import (
+    DraftContextCache,
+    TargetKVCache,
+    bucket,
+    right_padded,
+    row_kv_lengths,
+)
 from dspark.decoding.draft_step import DraftProposal, propose
 from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.live_batch import LiveBatch
@@ -250,19 +257,35 @@ class SpeculativeDecoder:
         eos_token_id: int | list[int] | None = None,
         seed: int | None = None,
         generators: list[torch.Generator] | None = None,
+        max_batch: int | None = None,
     ) -> GenerationOutput:
         """Plain decoding, one token per target forward, same forward / cache / masks.
 
         `generators` (one per request, instead of `seed`): request b samples from
         `generators[b]` alone, so its tokens do not depend on its batch neighbours.
+        `max_batch` (continuous batching): at most this many requests decode at once; a row
+        that a finished request frees takes the next waiting one (in `input_ids` order) after a
+        prefill of its own, so the batch stays full until nothing waits. Without it every
+        request starts at once and the batch shrinks as they finish.
         """
         if generators is not None and len(generators) != len(input_ids):
             raise ValueError(
                 f"{len(generators)} generators for {len(input_ids)} requests; pass one each"
             )
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         gen = list(generators) if generators is not None else self._generator(seed)
-        out, batch = self._prefill(input_ids, max_new_tokens, eos_token_id, gen, tapped=False)
-        while batch:
+        slots = len(input_ids) if max_batch is None else min(max_batch, len(input_ids))
+        out, batch = self._prefill(
+            input_ids, max_new_tokens, eos_token_id, gen, tapped=False, slots=slots
+        )
+        waiting = list(range(slots, len(input_ids))) if batch is not None else []
+        while batch or waiting:
+            free = slots - len(batch)
+            if waiting and free:  # admit the next requests into the rows after the live ones
+                take, waiting = waiting[:free], waiting[free:]
+                batch = self._admit(out, batch, take, input_ids, gen)
+                continue  # some may have finished on their first token
             batch.start_round()
             t_step = time.perf_counter()
             assert batch.anchors is not None
@@ -274,39 +297,63 @@ class SpeculativeDecoder:
         return out.finish()
 
     # ----------------------------------------------------------------- shared
-    def _prefill(self, input_ids, max_new_tokens: int, eos_token_id, generator, tapped: bool):
-        """The call's output record and its live batch after the prompt pass, which commits
-        each request's first token (as plain decoding does); `tapped`: also fill the draft's
-        context cache. No batch (None) when nothing is to be generated."""
+    def _prefill(
+        self,
+        input_ids,
+        max_new_tokens: int,
+        eos_token_id,
+        generator,
+        tapped: bool,
+        slots: int | None = None,
+    ):
+        """The call's output record and its live batch after the prompt pass of its first
+        `slots` requests (default: all), which commits each one's first token (as plain
+        decoding does); `tapped`: also fill the draft's context cache (all requests only). The
+        caches hold `slots` rows as long as the longest prompt needs. No batch (None) when
+        nothing is to be generated."""
         out = GenerationOutput.start(len(input_ids), max_new_tokens, eos_token_id)
         if max_new_tokens <= 0:
             return out, None
         if not input_ids or any(len(p) == 0 for p in input_ids):
             raise ValueError("every prompt needs at least one token")
-        bsz, lens = len(input_ids), [len(p) for p in input_ids]
-        width = max(lens)
-        ids = torch.zeros((bsz, width), dtype=torch.long)
-        for b, p in enumerate(input_ids):
-            ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-        ids = ids.to(self.device)
-        pos = torch.arange(width, device=self.device)[None].expand(bsz, width)
-        cache, ctx = self._caches(bsz, width + max_new_tokens + self.gamma + 2, tapped)
+        slots = len(input_ids) if slots is None else slots
+        assert not tapped or slots == len(input_ids)
+        longest = max(len(p) for p in input_ids)
+        self._caches(slots, longest + max_new_tokens + self.gamma + 2, tapped)
+        batch = self._admit(out, None, list(range(slots)), input_ids, generator, tapped)
+        out.prefill_s = out.elapsed()
+        return out, batch
+
+    def _admit(self, out, batch: LiveBatch | None, requests, input_ids, generator, tapped=False):
+        """Prefill `requests` (indices into `input_ids`) into the cache rows after `batch`'s
+        live ones, commit their first tokens; returns the live batch holding both. A row
+        attends only slots below its position, all rewritten by its own prompt and tokens, so
+        what an earlier request left in the row is never read."""
+        cache, ctx = self._target_cache, self._ctx_cache if tapped else None
+        assert cache is not None
+        live = len(batch) if batch is not None else 0
+        ids, pos, lens = right_padded([input_ids[r] for r in requests], self.device)
+        bsz, width = ids.shape
+        rows = cache.rows(live, live + bsz)
         last = torch.tensor(lens, device=self.device) - 1
         kv_len = bucket(width, self.kv_bucket, cache.max_len)
         logits, taps = self.runner.forward(
-            ids, pos, cache, kv_len, start=0, tapped=tapped, logits_at=last
+            ids, pos, rows, kv_len, start=0, tapped=tapped, logits_at=last
         )
         if tapped:  # generate(), which checked the draft; _caches made its context cache
-            assert self.draft is not None and ctx is not None
+            assert self.draft is not None and ctx is not None and live == 0
             ctx.write(self.draft.context_kv(self.draft.encode_context(taps), pos), pos, start=0)
-        first = self.sampling.pick(logits, generator)
+        gen = [generator[r] for r in requests] if isinstance(generator, list) else generator
+        first = self.sampling.pick(logits, gen)
         host = first.tolist()
-        out.prefill_s = out.elapsed()
         # each row's anchor so far is its prompt's last token: the first token goes one after
         anchor_pos = [n - 1 for n in lens]
-        batch = LiveBatch(list(range(bsz)), anchor_pos, cache, ctx, self.observer, None, generator)
-        self._commit(out, batch, [[t] for t in host], first)
-        return out, batch
+        new = LiveBatch(list(requests), anchor_pos, rows, ctx, self.observer, None, gen)
+        self._commit(out, new, [[t] for t in host], first)
+        if batch is None:
+            return new
+        batch.extend(new, cache.rows(0, live + len(new)))
+        return batch
 
     def _target_pass(self, batch: LiveBatch, ids: torch.Tensor, tapped: bool = False):
         """The target over `ids [R, n]` at each row's next n positions, KV-cached:

@@ -51,6 +51,20 @@ class LiveBatch:
             self._anchor_pos = torch.tensor(self.positions, device=self.anchors.device)
         return self._anchor_pos
 
+    def extend(self, other: LiveBatch, cache: TargetKVCache) -> None:
+        """Append the rows of `other`, requests just prefilled into the storage rows right after
+        this batch's; `cache` covers both (continuous batching). Per-row generators follow."""
+        assert other.anchors is not None  # its prefill committed a first token
+        if self.requests and self.anchors is not None:
+            self.anchors = torch.cat([self.anchors, other.anchors])
+        else:
+            self.anchors = other.anchors
+        if isinstance(self.generator, list) and isinstance(other.generator, list):
+            self.generator = self.generator + other.generator
+        self.requests = self.requests + other.requests
+        self.positions = self.positions + other.positions
+        self.cache, self._anchor_pos = cache, None
+
     def advance(self, steps: list[int], anchors: torch.Tensor, done: list[bool]) -> None:
         """After a round: row i moved `steps[i]` positions on and waits with `anchors[i]`; then
         the requests with `done[request]` leave (`retire`)."""

@@ -1,14 +1,16 @@
 """`DecoderBackend`: regeneration on dspark's own static-cache batched decoder (its AR path).
 
 Why not HF `generate`: the decoder keeps a preallocated, position-indexed KV cache (right
-padding, slot = position, no per-step concatenation) and drops finished rows from the batch,
-so large batches (32-64 rows) pay only for live rows. Rows are sorted by prompt length and
-decoded in groups of `batch_size`, so a group's rows have similar lengths and little padding.
+padding, slot = position, no per-step concatenation) and batches continuously: rows are
+sorted by prompt length and `batch_size` of them decode at once, a finished row's slot taking
+the next waiting one after a prefill of its own (`generate_autoregressive(max_batch=...)`), so
+the batch stays full instead of running on with fewer and fewer rows until its longest answer
+ends.
 
 Greedy answers equal HF `generate` token for token (tests compare them on the tiny targets and
 SmolLM2). At T > 0 each row samples from its own `torch.Generator` seeded with its
 `row_seed(seed, index, turn)`, so its answer depends on its own seed only, not on which rows
-share its group or where it sits in it. The random stream differs from `HFBackend`'s (an
+share its batch or where it sits in it. The random stream differs from `HFBackend`'s (an
 exponential race instead of `torch.multinomial`), so sampled answers differ between the two
 backends; both draw from the same warped distribution (temperature, top-k, top-p).
 """
@@ -96,21 +98,22 @@ class DecoderBackend:
         dec = self.decoder
         dec.temperature = float(sampling.temperature)
         dec.top_k, dec.top_p = int(sampling.top_k), float(sampling.top_p)
-        # shortest first (ties by position): a group's rows have similar lengths, little padding
+        # shortest first (ties by position): rows decoding together have similar lengths; the
+        # decoder keeps `batch_size` of them live, a finished row's slot taking the next one
         order = sorted(ok, key=lambda i: (len(ids[i]), i))
-        for start in range(0, len(order), self.batch_size):
-            group = order[start : start + self.batch_size]
+        if order:
             gens = None
             if sampling.temperature > 0:
                 gens = [
-                    torch.Generator(device=self.device).manual_seed(int(seeds[i])) for i in group
+                    torch.Generator(device=self.device).manual_seed(int(seeds[i])) for i in order
                 ]
             out = dec.generate_autoregressive(
-                [ids[i] for i in group],
+                [ids[i] for i in order],
                 sampling.max_new_tokens,
                 eos_token_id=self.stop_ids,
                 generators=gens,
+                max_batch=self.batch_size,
             )
-            for i, seq in zip(group, out.sequences):
+            for i, seq in zip(order, out.sequences):
                 results[i] = seq
         return [results[i] for i in range(len(ids))]

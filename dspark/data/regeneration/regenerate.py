@@ -3,7 +3,7 @@
 Multi-turn prompts are answered turn by turn: the target's own earlier answers are fed back
 as the history. Backends (`generate(convs, seeds, sampling) -> [Reply | exception]`, the
 contract in sampling.py): `DecoderBackend` (decoder_backend.py, the default: dspark's
-static-cache batched decoder, rows grouped by prompt length), `HFBackend` (hf_backend.py:
+static-cache decoder, batched continuously in prompt-length order), `HFBackend` (hf_backend.py:
 batched HF `generate`, left padding, the fallback) and `OpenAIBackend` (openai_backend.py: any
 OpenAI-compatible server, vLLM/SGLang). All render prompts with the chat template and
 `add_generation_prompt`.
@@ -15,7 +15,7 @@ is seeded from `(seed, row index, turn)`, and batches are the fixed groups of `b
 consecutive rows of the prompt list, so a resumed run equals an uninterrupted one (with the
 same batch size; a different batch composition changes padding, which can flip near-ties in
 floating point). `batch_size` here is the rows handed to the backend per call (a chunk, written
-when it is done); `DecoderBackend` decodes a chunk in length-sorted groups of its own size.
+when it is done); `DecoderBackend` decodes a chunk `--batch-size` rows at a time, continuously.
 
 The output directory's files (`regenerated.jsonl`, `failures.jsonl`, `rejected.jsonl`,
 `run.json`, `summary.json`) and the resume checks: run_files.py.
