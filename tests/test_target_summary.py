@@ -2,6 +2,7 @@
 logsumexp / argmax of its logits over all V (`capture.target_summary`), computed once beside a
 feature cache, give the same loss terms, metrics and gradients as the `[M, V]` logits."""
 
+import copy
 import json
 
 import pytest
@@ -164,3 +165,53 @@ def test_a_reduced_run_on_a_cache_trains_on_summaries_as_on_full_logits(
         assert got[s] == pytest.approx(want[s], rel=1e-4), (s, got, want)
     for key in ("eval/loss", "eval/tau_greedy"):
         assert summarized["final_eval"][key] == pytest.approx(full["final_eval"][key], rel=1e-4)
+
+
+def test_summaries_are_read_back_per_cache_and_head_and_only_missing_rows_computed(
+    tiny_sets, tmp_path
+):
+    from datasets import load_from_disk
+
+    from dspark.data.features.summary_cache import load_or_summarize, summary_key, summary_path
+
+    target, _, data, caches = tiny_sets("llama")
+    ds = load_from_disk(str(data))
+    ds = ds.add_column(ROW_COLUMN, list(range(len(ds))))
+    cache = FeatureCache(caches["bf16"])
+    head = target.get_output_embeddings()
+    seen: list[int] = []  # positions each call of the head summarized
+
+    def summarize(h):
+        seen.append(h.shape[0])
+        return target_summary(head, h)
+
+    def run(rows):
+        seen.clear()
+        return load_or_summarize(ds.select(rows), cache, head, summarize, root=tmp_path)
+
+    def positions(rows):
+        return sum(len(stored_positions(ds[r]["loss_mask"], "loss")[1]) for r in rows)
+
+    want = summarize_rows(ds, cache, lambda h: target_summary(head, h), progress=False)
+    half = list(range(0, len(ds), 2))
+    first = run(half)
+    assert sum(seen) == positions(half) and sorted(first) == half
+    again = run(half)
+    assert seen == []  # every row read back
+    more = run(list(range(len(ds))))
+    assert sum(seen) == positions([r for r in range(len(ds)) if r not in half])
+    for r in range(len(ds)):
+        for got in (more, again) if r in half else (more,):
+            assert torch.equal(got[r][0], want[r][0]) and torch.equal(got[r][1], want[r][1])
+            assert got[r][1].dtype == torch.long
+    path = summary_path(summary_key(cache, head), tmp_path)
+    path.write_bytes(b"torn")  # a file that does not read back is summarized again
+    run(half)
+    assert sum(seen) == positions(half)
+    other = copy.deepcopy(head)  # another head: another key
+    with torch.no_grad():
+        other.weight[0, 0] += 1.0
+    assert summary_path(summary_key(cache, other), tmp_path) != path
+    seen.clear()
+    load_or_summarize(ds.select(half), cache, other, summarize, root=tmp_path)
+    assert sum(seen) == positions(half)

@@ -361,8 +361,10 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
 
 
 def cache_summaries(target, *splits) -> list[dict]:
-    """`summarize_rows` of each `(tokenized split, its FeatureCache)` with the target's head."""
-    from dspark.data.features.feature_dataset import summarize_rows
+    """`summarize_rows` of each `(tokenized split, its FeatureCache)` with the target's head,
+    read back from `$DSPARK_CACHE/target_summaries/` for the rows an earlier run on the same
+    cache and head already summarized (summary_cache.py)."""
+    from dspark.data.features.summary_cache import load_or_summarize
     from dspark.target.capture import target_summary
 
     head = target.get_output_embeddings()
@@ -371,7 +373,7 @@ def cache_summaries(target, *splits) -> list[dict]:
     def summarize(final: torch.Tensor):
         return target_summary(head, final.to(device))
 
-    return [summarize_rows(ds, cache, summarize) for ds, cache in splits]
+    return [load_or_summarize(ds, cache, head, summarize) for ds, cache in splits]
 
 
 def make_loader(ds, tokenizer, cfg, shuffle: bool) -> DataLoader:
