@@ -11,7 +11,7 @@ OpenAI-compatible server, vLLM/SGLang). All render prompts with the chat templat
 Resumable: `regenerated.jsonl` is appended row by row with the source row `index`; a rerun
 skips indices already there (a half-written last line from a kill is cut off first), so kill
 and rerun gives no duplicated and no lost rows. Sampling is per row: each row's random stream
-is seeded from `(seed, row index, turn)`, and batches are the fixed groups of `batch_size`
+is seeded from `(seed, row index, turn)`, and chunks are the fixed groups of `batch_size`
 consecutive rows of the prompt list, so a resumed run equals an uninterrupted one (with the
 same batch size; a different batch composition changes padding, which can flip near-ties in
 floating point). `batch_size` here is the rows handed to the backend per call (a chunk, written
