@@ -174,35 +174,6 @@ def _figures(med: dict[str, float], tokens: Sequence[int], with_draft: bool) -> 
     return out
 
 
-def measure_one(
-    target,
-    draft=None,
-    *,
-    batch: int = 1,
-    tokens: Sequence[int] = (2, 8),
-    taps: Sequence[int] = (),
-    context_len: int = 128,
-    repeats: int = 5,
-    exact_rows: bool | None = None,
-    rounds: int = 3,
-) -> dict:
-    """{"t_ar", "t_verify": {n: s}, "t_verify_measured", "t_draft", "t_draft_steps": {L: s}}
-    of `target` (and `draft`) as they are (`t_draft`: the whole block; `t_draft_steps[L]`: its
-    first L tokens); `exact_rows`: verify passes as the decoder runs them (None: its default)."""
-    points = _points(
-        target,
-        draft,
-        batch=batch,
-        tokens=tokens,
-        taps=taps,
-        context_len=context_len,
-        repeats=repeats,
-        exact_rows=exact_rows,
-    )
-    med = _sample({"one": points}, rounds)["one"]
-    return _figures(med, tokens, draft is not None)
-
-
 def probe(
     target,
     draft=None,
@@ -216,9 +187,12 @@ def probe(
     exact_rows: bool | None = None,
     rounds: int = 3,
 ) -> dict[str, dict]:
-    """`measure_one`'s figures per candidate dtype, each on a copy cast to it (the models are
-    untouched), the candidates timed in interleaved rounds (`_sample`). Every copy is alive
-    for the whole probe: about the target's size in each candidate dtype, on its device."""
+    """Per candidate dtype, {"t_ar", "t_verify": {n: s}, "t_verify_measured", "t_draft",
+    "t_draft_steps": {L: s}} (`t_draft`: the whole block; `t_draft_steps[L]`: its first L
+    tokens; `exact_rows`: verify passes as the decoder runs them, None: its default), each
+    on a copy cast to it (the models are untouched), the candidates timed in interleaved
+    rounds (`_sample`). Every copy is alive for the whole probe: about the target's size in
+    each candidate dtype, on its device."""
     from dspark.target.loading import _as_dtype
 
     points, models = {}, []
