@@ -4,6 +4,7 @@ admitted into a row a longer one left never reads that one's slots."""
 
 import pytest
 import torch
+from test_data_decoder_backend import hf_reference
 
 from dspark.decoding import SpeculativeDecoder
 
@@ -18,29 +19,14 @@ PROMPTS = [  # long before short, so short requests inherit rows whose slots a l
 ]
 
 
-def hf_alone(model, ids: list[int], max_new: int, eos: list[int]) -> list[int]:
-    """HF `generate` on one prompt (no padding, no neighbours), greedy, cut after the EOS."""
-    out = model.generate(
-        torch.tensor([ids]),
-        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        do_sample=False,
-        max_new_tokens=max_new,
-        eos_token_id=eos,
-        pad_token_id=eos[0],
-    )
-    new = out[0, len(ids) :].tolist()
-    cut = next((j for j, t in enumerate(new) if t in eos), None)
-    return new if cut is None else new[: cut + 1]
-
-
 @pytest.mark.parametrize("max_batch", [1, 2, 3])
 def test_each_request_equals_hf_generate_alone(tiny_target, arch, max_batch):
     model, _ = tiny_target(arch)
     max_new = 10
     # ids greedy decoding does produce (read off unstopped runs) as EOS, so rows end early
-    free = [hf_alone(model, p, max_new, [0]) for p in PROMPTS]
+    free = [hf_reference(model, p, max_new, [0]) for p in PROMPTS]
     eos = sorted({free[0][2], free[4][5]})
-    refs = [hf_alone(model, p, max_new, eos) for p in PROMPTS]
+    refs = [hf_reference(model, p, max_new, eos) for p in PROMPTS]
     assert len({len(r) for r in refs}) >= 2  # requests finish at different steps
     dec = SpeculativeDecoder(model, None, max_length=64)
     out = dec.generate_autoregressive(PROMPTS, max_new, eos_token_id=eos, max_batch=max_batch)
