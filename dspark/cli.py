@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from dspark.errors import UserError, user_errors
+from dspark.locking import exclusive_output
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -113,12 +114,13 @@ DISTILL_GROUPS = ("target", "draft", "data", "objective", "optim", "trainer", "t
 
 def check_distill_overrides(args: list[str], conf: Path, recipes: Path) -> None:
     """One `error:` line for a misspelt key, a mistyped value or an unknown group choice."""
-    from dspark.overrides import check_overrides
+    from dspark.overrides import check_overrides, check_sweep_outputs
     from dspark.training.schema import DistillConfig
 
     groups = {g: [p.stem for p in (conf / g).glob("*.yaml")] for g in DISTILL_GROUPS}
     groups["recipe"] = [p.stem for p in recipes.glob("*.yaml")]
     check_overrides(args, DistillConfig, groups)
+    check_sweep_outputs(args, "trainer.output_dir")
 
 
 def distill(checkout: Path | None = None) -> None:
@@ -148,7 +150,8 @@ def _benchmark_job(cfg) -> None:
         from dspark.eval.runner import run
 
         out_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
-        _, report = run(cfg, out_dir)
+        with exclusive_output(out_dir, "the benchmark output"):
+            _, report = run(cfg, out_dir)
     print(report)
     print(f"results: {out_dir}/results.json")
 

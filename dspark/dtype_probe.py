@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from dspark.dtype_choice import CANDIDATES
+from dspark.locking import CACHE_WAIT_S, exclusive_output
 
 # 2: verify passes row-exact where the decoder runs them so; draft rounds per verify length;
 # medians over interleaved rounds. 3: row-exact passes also run the linear layers that round by
@@ -238,29 +239,30 @@ def load_or_probe(
     )
     path = cache_path(key)
     want = [str(_dtype_name(c)) for c in candidates]
-    if path.exists() and not refresh:
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError):
-            saved = {}
-        if saved.get("key") == key and all(d in saved.get("profile", {}) for d in want):
-            prof = {d: _int_keys(saved["profile"][d]) for d in want}
-            return {"key": key, "profile": prof, "cache_path": str(path), "cached": True}
-    prof = probe(
-        target,
-        draft,
-        candidates=want,
-        batch=batch,
-        tokens=tokens,
-        taps=taps,
-        exact_rows=exact_rows,
-        **kwargs,
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{id(prof)}")
-    tmp.write_text(json.dumps({"key": key, "profile": prof}, indent=2) + "\n")
-    tmp.replace(path)
-    return {"key": key, "profile": prof, "cache_path": str(path), "cached": False}
+    with exclusive_output(path, "the dtype probe cache entry", wait=CACHE_WAIT_S):
+        if path.exists() and not refresh:
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError):
+                saved = {}
+            if saved.get("key") == key and all(d in saved.get("profile", {}) for d in want):
+                prof = {d: _int_keys(saved["profile"][d]) for d in want}
+                return {"key": key, "profile": prof, "cache_path": str(path), "cached": True}
+        prof = probe(
+            target,
+            draft,
+            candidates=want,
+            batch=batch,
+            tokens=tokens,
+            taps=taps,
+            exact_rows=exact_rows,
+            **kwargs,
+        )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{id(prof)}")
+        tmp.write_text(json.dumps({"key": key, "profile": prof}, indent=2) + "\n")
+        tmp.replace(path)
+        return {"key": key, "profile": prof, "cache_path": str(path), "cached": False}
 
 
 def _int_keys(p: dict) -> dict:

@@ -11,9 +11,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from dspark.errors import BadInputError
 
 
 def current_umask() -> int:
@@ -70,3 +75,40 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextmanager
+def staged_dir(out: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling directory to write `out` into; when the block ends without an error
+    it replaces `out` (a previous one is swapped out and removed), on any failure it is removed
+    and nothing is left behind. A reader of `out` sees the old directory or the new one whole."""
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:  # no permission, a file on the way, a read-only file system
+        raise BadInputError(
+            f"cannot create the output directory {out} ({e.strerror}: {e.filename}); choose "
+            "a directory you can write"
+        ) from None
+    try:
+        yield tmp
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    apply_umask(tmp)  # mkdtemp makes the directory 0700
+    if out.exists():
+        old = tmp.with_name(tmp.name + ".old")
+        os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)

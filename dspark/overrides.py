@@ -103,3 +103,38 @@ def check_overrides(
                 OmegaConf.update(OmegaConf.structured(base), key, value, merge=True)
             except OmegaConfBaseException as e:
                 raise UserError(f"{key}={value!r}: {_first_line(e)}") from None
+
+
+def check_sweep_outputs(args: list[str], output_key: str) -> None:
+    """A `-m` sweep whose jobs would share one output directory is refused before any job
+    starts: with `output_key` (or `hydra.sweep.subdir`) set to one fixed value, every job
+    would write the first job's run (Hydra's default, a subdirectory per job number, is fine).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not {"-m", "--multirun"} & set(args):
+        return
+    overrides = OverridesParser.create().parse_overrides([a for a in args if not a.startswith("-")])
+    jobs = 1
+    for o in overrides:
+        if o.is_sweep_override():
+            jobs *= max(1, len(list(o.sweep_string_iterator())))
+    if jobs < 2:
+        return
+    for o in overrides:
+        if o.key_or_group not in (output_key, "hydra.sweep.subdir"):
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else []
+        if not o.is_sweep_override():
+            text = o.get_value_element_as_str()
+            if "$" in text:  # an interpolation (`${hydra.job.num}`, `${now:...}`): per job
+                continue
+            values = [text]
+        if len(set(values)) < jobs:
+            raise UserError(
+                f"this sweep runs {jobs} jobs, but {o.key_or_group}={','.join(values)} gives "
+                f"them {len(set(values))} output director{'y' if len(set(values)) == 1 else 'ies'}: "
+                f"jobs would overwrite each other's runs. Drop {o.key_or_group} (each job then "
+                "writes runs/sweeps/<time>/<job number>), or interpolate the job, e.g. "
+                f"{o.key_or_group}=DIR/${{hydra.job.num}}"
+            )

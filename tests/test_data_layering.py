@@ -12,6 +12,7 @@ DATA = Path(__file__).resolve().parents[1] / "dspark" / "data"
 ALLOWED_OUTSIDE = {
     "dspark.errors",
     "dspark.fileio",
+    "dspark.locking",
     "dspark.paths",
     "dspark.config",
     "dspark.target",

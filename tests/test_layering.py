@@ -20,7 +20,7 @@ HIGHER = {"cli", "eval", "training", "calibration", "export", "data", "objective
 FORBIDDEN: dict[str, set[str]] = {
     **{
         leaf: HIGHER | {"target", "modeling", "decoding"}
-        for leaf in ("paths", "fileio", "timing", "from_target")
+        for leaf in ("paths", "fileio", "locking", "timing", "from_target")
     },
     "machine": HIGHER | {"target", "modeling", "decoding"},
     "target": HIGHER | {"modeling", "decoding"},

@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from dspark.locking import exclusive_output
+
 
 def _json_arg(text):
     try:
@@ -163,7 +165,13 @@ def regenerate_main(argv=None) -> int:
         check_device(p, a.device)
     if a.max_length < 1:
         p.error(f"--max-length {a.max_length}: must be >= 1")
+    # Held before the prompts and the target load (minutes): a second job on the same
+    # output is refused at once.
+    with exclusive_output(a.output, "the regeneration output"):
+        return _regenerate(p, a)
 
+
+def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     import torch
 
     from dspark.data.prompts.prompt_set import RowSelection, require_rows

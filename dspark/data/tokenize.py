@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from dspark.data.masks import (
     unmask_cut_turns,
 )
 from dspark.errors import BadInputError
-from dspark.fileio import write_text_atomic
+from dspark.fileio import staged_dir, write_text_atomic
+from dspark.locking import exclusive_output, writes_output
 
 MANIFEST = "manifest.json"
 PREFLIGHT_ROWS = 32
@@ -147,9 +149,20 @@ def save_tokenized(
     max_length: int,
     source: str | None = None,
     extra: dict | None = None,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """`ds.save_to_disk(out_dir)` plus `manifest.json` beside the data files."""
+    """`ds.save_to_disk(out_dir)` plus `manifest.json` beside the data files (and whatever
+    `write_extra(dir)` adds), written whole into a temporary sibling and renamed into place,
+    under `out_dir`'s writer lock: a reader sees the previous set or this one, never a mix."""
     out = check_tokenized_output(out_dir)
+    with exclusive_output(out, "the tokenized set"), staged_dir(out) as tmp:
+        _save(ds, tmp, stats, target, tokenizer, max_length, source, extra)
+        if write_extra is not None:
+            write_extra(tmp)
+    return out
+
+
+def _save(ds, out: Path, stats, target, tokenizer, max_length, source, extra) -> None:
     ds.save_to_disk(str(out))
     manifest = {
         "format": FORMAT,
@@ -168,7 +181,6 @@ def save_tokenized(
         **(extra or {}),
     }
     write_text_atomic(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    return out
 
 
 FORMAT = "dspark-tokenized-v1"
@@ -193,6 +205,7 @@ def load_manifest(data_dir: str | os.PathLike) -> dict:
     return json.loads((Path(data_dir) / MANIFEST).read_text())
 
 
+@writes_output("output_dir", "the tokenized set")
 def tokenize_file(
     input_path: str,
     output_dir: str,
@@ -207,13 +220,13 @@ def tokenize_file(
 
     `input_path` may join several sources with commas: their rows are tokenized into one set,
     in that order (one set is what a feature cache and `data.features` take)."""
-    from dspark.data.prompts.prompt_set import require_rows, write_rejected
-    from dspark.data.prompts.sources import load_prompts
-
     sources = [p.strip() for p in str(input_path).split(",") if p.strip()]
     if not sources:
         raise BadInputError(f"--input {input_path!r} names no source")
     check_tokenized_output(output_dir)
+    from dspark.data.prompts.prompt_set import require_rows, write_rejected
+    from dspark.data.prompts.sources import load_prompts
+
     sets = [require_rows(load_prompts(src), src, "--input") for src in sources]
     if tokenizer is None:
         from dspark.target import load_tokenizer
@@ -237,10 +250,8 @@ def tokenize_file(
         max_length=max_length,
         source=str(input_path),
         extra={"chat_template_kwargs": chat_template_kwargs or {}},
+        write_extra=(lambda d: write_rejected(sets, d / "rejected.jsonl"))
+        if stats["rejected_rows"]
+        else None,
     )
-    report = Path(output_dir) / "rejected.jsonl"
-    if stats["rejected_rows"]:
-        write_rejected(sets, report)
-    else:  # an earlier set's report would describe rows this set does not have
-        report.unlink(missing_ok=True)
     return stats

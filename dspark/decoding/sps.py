@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from dspark.locking import CACHE_WAIT_S, exclusive_output
+
 PROFILE_VERSION = 1
 
 
@@ -296,15 +298,16 @@ def load_or_measure(
     name = getattr(target.config, "_name_or_path", "") or target.config.model_type
     vocab = DraftVocab.of(draft) if draft is not None else None
     path = cache_path(name, param.device, param.dtype, gamma, vocab.size if vocab else None)
-    if path.exists() and not refresh:
-        cached: SPSProfile | None
-        try:
-            cached = SPSProfile.load(path)
-        except StaleProfileError:  # a cache, not a user's file: measured again below
-            cached = None
-        if cached is not None and (draft is None or cached.draft_times):
-            return cached
-    prof = measure(target, draft, gamma=gamma, **kwargs)
-    prof.meta["cache_path"] = str(path)
-    prof.save(path)
-    return prof
+    with exclusive_output(path, "the SPS profile cache entry", wait=CACHE_WAIT_S):
+        if path.exists() and not refresh:
+            cached: SPSProfile | None
+            try:
+                cached = SPSProfile.load(path)
+            except StaleProfileError:  # a cache, not a user's file: measured again below
+                cached = None
+            if cached is not None and (draft is None or cached.draft_times):
+                return cached
+        prof = measure(target, draft, gamma=gamma, **kwargs)
+        prof.meta["cache_path"] = str(path)
+        prof.save(path)
+        return prof

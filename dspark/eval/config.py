@@ -122,6 +122,7 @@ def check_overrides(argv: list[str] | None = None) -> None:
     Hydra rejects both too, but in a multi-line block; this makes it one line with the fix.
     """
     from dspark.overrides import check_overrides as check_types
+    from dspark.overrides import check_sweep_outputs
 
     args = sys.argv[1:] if argv is None else argv
     known = _keys(BenchmarkConfig)
@@ -137,6 +138,7 @@ def check_overrides(argv: list[str] | None = None) -> None:
             f"unknown config key '{key}' in '{arg}'.{hint} Known keys: {', '.join(sorted(known))}"
         )
     check_types(args, BenchmarkConfig)
+    check_sweep_outputs(args, "output_dir")
 
 
 def _at_least(cfg, key: str, low: int, fix: str, optional: bool = False) -> None:

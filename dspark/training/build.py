@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.locking import refuse_if_being_written
 from dspark.target import load_target
 
 # Text whose target activations calibrate a warm start's q/k norms (any ordinary prose works).
@@ -319,6 +320,10 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
                 f"{p} is not a tokenized dataset{hint}: point data.train / data.eval at the "
                 "directory `data_scripts/regenerate.py ... --tokenize` writes (OUTPUT/tokenized)"
             )
+        # a set, or the regeneration (its run.json) it is tokenized from, another job writes
+        refuse_if_being_written(p, "data dir")
+        if (p.parent / "run.json").is_file():
+            refuse_if_being_written(p.parent, "data dir")
         check_tokenized_for(p, tokenizer, cfg.target.name if "target" in cfg else "")
         ds = load_from_disk(str(p))
         missing = {"input_ids", "loss_mask"} - set(ds.column_names)

@@ -11,16 +11,18 @@ import math
 import os
 import resource
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from dspark.errors import UserError
+from dspark.locking import exclusive_output
 from dspark.training.build import (
     build_draft,
     build_objective_for,
@@ -133,7 +135,18 @@ def _calibrate(cfg, accelerator, target, tokenizer, draft, eval_ds) -> dict:
 
 
 def run(cfg) -> dict:
-    """Train a draft as `cfg` (a validated `DistillConfig`) says; returns the final results."""
+    """Train a draft as `cfg` (a validated `DistillConfig`) says; returns the final results.
+
+    One job per run directory: the main process holds its writer lock (dspark/locking.py)
+    for the whole run, so a second job started on it is refused; the other ranks of a
+    distributed run write nothing there but through the main process."""
+    out = Path(cfg.trainer.output_dir)
+    main = PartialState().is_main_process
+    with exclusive_output(out, "the training run directory") if main else nullcontext():
+        return _run(cfg)
+
+
+def _run(cfg) -> dict:
     t_cfg = cfg.trainer
     out = Path(t_cfg.output_dir)
     run_config = OmegaConf.to_container(cfg, resolve=True)

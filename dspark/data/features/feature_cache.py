@@ -62,6 +62,7 @@ from dspark.data.features.feature_layout import (  # noqa: F401  (re-exported: o
 )
 from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
 from dspark.errors import BadInputError
+from dspark.locking import writes_output
 
 FORMAT = "dspark-features-v1"
 MANIFEST = "manifest.json"
@@ -226,6 +227,7 @@ def _compute_shard(
     return out
 
 
+@writes_output("out_dir", "the feature cache")
 def write_cache(
     target,
     data_dir: str | os.PathLike,

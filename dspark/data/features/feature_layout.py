@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.locking import refuse_if_being_written
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 POSITIONS = ("all", "loss")
@@ -187,6 +188,7 @@ def load_tokenized(data_dir: str | os.PathLike, key: str = "--data"):
         raise FeatureCacheError(
             f"{key} {data_dir} is not a tokenized set: it has no state.json{hint}; {TOKENIZED_FIX}"
         )
+    refuse_if_being_written(p, key)
     ds = load_from_disk(str(p))
     if not isinstance(ds, Dataset):
         raise FeatureCacheError(f"{key} {data_dir} holds several splits; pass one split's dir")

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from dspark.data.features.feature_dataset import ROW_COLUMN, FeatureCache, summarize_rows
+from dspark.locking import CACHE_WAIT_S, exclusive_output
 
 Summaries = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
@@ -81,14 +82,15 @@ def load_or_summarize(
     read back from the disk cache where it holds it, only the others computed (then saved)."""
     key = summary_key(cache, head)
     path = summary_path(key, root)
-    have = _read(path, key)
-    rows = [int(r) for r in ds[ROW_COLUMN]]
-    missing = [i for i, r in enumerate(rows) if r not in have]
-    if missing:
-        have |= summarize_rows(ds.select(missing), cache, summarize, progress=progress)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        packed = {r: (lse, top.to(torch.int32)) for r, (lse, top) in have.items()}
-        torch.save({"key": key, "rows": packed}, tmp)
-        tmp.replace(path)
+    with exclusive_output(path, "the target summary cache entry", wait=CACHE_WAIT_S):
+        have = _read(path, key)
+        rows = [int(r) for r in ds[ROW_COLUMN]]
+        missing = [i for i, r in enumerate(rows) if r not in have]
+        if missing:
+            have |= summarize_rows(ds.select(missing), cache, summarize, progress=progress)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            packed = {r: (lse, top.to(torch.int32)) for r, (lse, top) in have.items()}
+            torch.save({"key": key, "rows": packed}, tmp)
+            tmp.replace(path)
     return {r: have[r] for r in rows}

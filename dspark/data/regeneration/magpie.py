@@ -42,6 +42,7 @@ from dspark.data.prompts.prompt_filter import (
 from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.errors import BadInputError
 from dspark.fileio import write_text_atomic
+from dspark.locking import writes_output
 
 SAMPLES = "samples.jsonl"
 PROMPTS = "prompts.jsonl"
@@ -304,6 +305,7 @@ def sample_messages(
     return rows
 
 
+@writes_output("output_dir", "the Magpie prompt set")
 def generate_prompts(
     backend,
     tokenizer,

@@ -41,6 +41,7 @@ from dspark.data.regeneration.run_files import (
 )
 from dspark.data.regeneration.sampling import SamplingConfig, row_seed
 from dspark.fileio import write_text_atomic
+from dspark.locking import writes_output
 
 
 def _split_turns(messages):
@@ -49,6 +50,7 @@ def _split_turns(messages):
     return system, users
 
 
+@writes_output("output_dir", "the regeneration output")
 def regenerate(
     prompts,
     backend,
@@ -63,7 +65,8 @@ def regenerate(
     """Answer every user turn of `prompts` (a `PromptSet`) with `backend`; return the summary.
 
     Existing assistant turns in the prompts are dropped and regenerated. See the module
-    docstring for the files written and the resume guarantees.
+    docstring for the files written and the resume guarantees. One writer at a time: a second
+    job on the same `output_dir` gets `OutputBusyError` (dspark/locking.py).
     """
     from tqdm.auto import tqdm
 
