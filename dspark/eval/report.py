@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from dspark.dtype_choice import break_even_tau
 from dspark.eval import auto_settings, fastest_plain
-from dspark.eval.cost_model import break_even_tau
 
 
 def _f(x, digits: int = 2) -> str:
