@@ -6,7 +6,7 @@ T=0 outputs, which equal the target's greedy output); the run's training step ti
 its logged intervals: valid only for a run trained with nothing else on the machine) and
 held-out `tau_greedy`; decoder tau with full-block verification per set and temperature; the
 draft round's time in the bundled decoder (all drafts timed in one process against the same
-target and context, `dspark.eval.cost_model`); and, where a llama.cpp benchmark of the run's
+target and context, `dspark.bench.cost_model`); and, where a llama.cpp benchmark of the run's
 draft is given, its fastest draft-dspark mode there.
 """
 
@@ -94,7 +94,7 @@ def best_llama_cpp(path: str | None, dataset: str = "gsm8k") -> dict | None:
 
 def sweep(runs, *, target_spec, prompt_sets, max_new_tokens, temperatures, llama_cpp=None,
           repeats: int = 15) -> dict:  # fmt: skip
-    from dspark.eval.cost_model import _measure
+    from dspark.bench.cost_model import _measure
     from dspark.export.load import load_draft
     from dspark.target import load_target
 
