@@ -1,6 +1,8 @@
 """The decoder's cost model on the actual device: what a speculative round costs against a
 plain AR step, and so which tau a draft needs before it pays off.
 
+Its command line is `eval/cost_model.py`, a thin entry script of the same name.
+
 Measured with the decoder's own parts (`dspark.decoding.round_cost.RoundBench`) at batch 1
 over a context of `context_len` tokens:
 - `t_ar`: one plain AR step (1 token, logits, argmax);

@@ -1,6 +1,8 @@
 """What a reduced draft vocabulary buys and costs: trained runs with `draft.vocab_size` K side
 by side (eval/vocab_sweep.py).
 
+Its command line is `eval/vocab_sweep.py`, a thin entry script of the same name.
+
 Per run: K and the share of the target's greedy tokens the K ids cover (on the bench prompts'
 T=0 outputs, which equal the target's greedy output); the run's training step time (median of
 its logged intervals: valid only for a run trained with nothing else on the machine) and

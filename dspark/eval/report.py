@@ -1,4 +1,8 @@
-"""`report.md` from `results.json`: every table opens with the conditions it was measured under."""
+"""`report.md` from `results.json`: every table opens with the conditions it was measured under.
+
+Parallels `dspark/training/report.py` (a run's) and `dspark/calibration/report.py` (an STS
+fit's).
+"""
 
 from __future__ import annotations
 
