@@ -11,8 +11,8 @@ C++ compiler; takes 6-9 min on 2 cores. Prints the server's path.
 import argparse
 import os
 
+from dspark.bench.llama_cpp_build import build_server
 from dspark.errors import user_errors
-from dspark.eval.llama_cpp_build import build_server
 from dspark.export.gguf import default_llama_cpp_dir, fetch_reference
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """Console entry points (`[project.scripts]` in pyproject.toml) and the scripts they stand for.
 
+Parallels the command lines of two packages, which it calls: `dspark/data/cli.py` and
+`dspark/export/cli.py`.
+
 | console script          | the same command in the checkout |
 |-------------------------|----------------------------------|
 | `dspark-prepare-target` | `python data_scripts/prepare_target.py` |
@@ -160,7 +163,7 @@ def benchmark(checkout: Path | None = None) -> None:
     """Hydra main of `eval/benchmark.py`: `conf/benchmark/benchmark.yaml` + overrides."""
     import hydra
 
-    from dspark.eval.config import check_overrides, register
+    from dspark.eval.benchmark_config import check_overrides, register
 
     with user_errors("benchmark"):
         conf = _dir(checkout, "conf")

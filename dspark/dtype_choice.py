@@ -59,6 +59,12 @@ def expected_tokens(accept: Sequence[float], n_verify: int) -> float:
     return tau
 
 
+def break_even_tau(t_ar: float, t_draft: float, t_verify: float) -> float:
+    """The tau at which speculative decoding breaks even: a round's cost (draft + verify) in
+    plain AR steps."""
+    return (t_draft + t_verify) / t_ar
+
+
 def draft_cost(p: Mapping, n_verify: int) -> float:
     """Seconds of a draft round that verifies `n_verify` drafts: `t_draft_steps[L]` where it
     was measured, else the whole block's `t_draft` (0 without a draft)."""

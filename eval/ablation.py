@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.bench.ablation import decoder_tau, render_table, training_summary
 from dspark.errors import user_errors
-from dspark.eval.ablation import decoder_tau, render_table, training_summary
 from dspark.eval.prompts import load_dataset, render
 from dspark.modeling import DSparkDraftModel
 from dspark.target import load_target

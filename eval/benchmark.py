@@ -5,7 +5,7 @@
     python eval/benchmark.py draft=PATH dtype=auto verify_length=auto \
         baseline_dtypes=[float32,bfloat16]   # measured dtype and verify length, fastest plain
 
-Keys and defaults: dspark/eval/config.py (BenchmarkConfig). Writes results.json, report.md and
+Keys and defaults: dspark/eval/benchmark_config.py (BenchmarkConfig). Writes results.json, report.md and
 PNG plots into output_dir (default: Hydra's run directory) and prints the report.
 Console script: `dspark-benchmark`; the Hydra main: dspark/cli.py (`benchmark`).
 """

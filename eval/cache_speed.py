@@ -14,7 +14,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
-from dspark.training.cache_speed import measure_cache_speedup
+from dspark.bench.cache_speed import measure_cache_speedup
 from dspark.training.schema import check, register_configs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

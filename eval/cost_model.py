@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.bench.cost_model import best_verify_length, break_even_tau, measure_costs
 from dspark.errors import user_errors
-from dspark.eval.cost_model import best_verify_length, break_even_tau, measure_costs
 from dspark.target import load_target
 
 

@@ -59,10 +59,10 @@ def train(device: str, out: Path, env: dict) -> dict:
 def bench(device_name: str, modes: list[str]) -> dict:
     import torch
 
+    from dspark.bench.device_bench import copy_bandwidth, random_target, step_times, weight_bytes
+    from dspark.bench.train_memory import target_config
     from dspark.config import DSparkConfig
-    from dspark.eval.device_bench import copy_bandwidth, random_target, step_times, weight_bytes
     from dspark.modeling import DSparkDraftModel
-    from dspark.training.memory import target_config
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"

@@ -94,8 +94,8 @@ def write_tuned_readme(a, out: Path, draft_gguf: str, results: dict) -> None:
 def main(argv=None) -> None:
     with user_errors("llama_cpp_bench"):
         a = parse(argv)
-        from dspark.eval import llama_cpp_report as rep
-        from dspark.eval.llama_cpp import EngineSettings, Mode
+        from dspark.bench import llama_cpp_report as rep
+        from dspark.bench.llama_cpp import EngineSettings, Mode
         from dspark.eval.prompts import check_datasets
         from dspark.target import load_tokenizer
 

@@ -8,7 +8,7 @@ Draft: --draft, else the first of runs/{smollm2,quickstart}/draft (from the cwd)
 in place), else a random-init draft (--random-draft; acceptance near zero, said in the report).
 The scheduler's SPS profile is the cached one for this device/target/dtype (measured on first
 use; --sps PROFILE.json to pass another). Writes results.json, traces.jsonl, report.md and two
-plots to --out; rerunning with the same conditions resumes. Library: dspark/eval/load_sweep.py.
+plots to --out; rerunning with the same conditions resumes. Library: dspark/bench/load_sweep.py.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> None:
 
     import torch
 
-    from dspark.eval.load_sweep import POLICIES, run_from_args
+    from dspark.bench.load_sweep import POLICIES, run_from_args
 
     if args.threads:
         torch.set_num_threads(args.threads)

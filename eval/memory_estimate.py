@@ -6,7 +6,7 @@
 
 `--check` runs real CPU training steps (fp32, sdpa attention, one process) of each named target
 in a fresh process and compares the peak RSS growth with the estimate for the same shape.
-Writes memory.json and memory.md to --output. The model is in dspark/training/memory.py.
+Writes memory.json and memory.md to --output. The model is in dspark/bench/train_memory.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from dspark.training.memory import (
+from dspark.bench.train_memory import (
     KNOWN_TARGETS,
     GiB,
     RunShape,

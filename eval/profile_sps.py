@@ -36,8 +36,8 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    from dspark.bench.sps_plot import plot_profile, profile_markdown
     from dspark.decoding.sps import default_rows, load_or_measure
-    from dspark.eval.sps_plot import plot_profile, profile_markdown
 
     if args.threads:
         torch.set_num_threads(args.threads)

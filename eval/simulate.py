@@ -9,7 +9,7 @@
         overhead_s=0.002 draft_weight_bytes=1.6e9 draft_overhead_s=0.001 \
         --loads 1 2 4 8 16 32 64 128 --max-new-tokens 256
 
-Writes simulate.json and simulate.md to --out. Library: dspark/eval/simulate.py.
+Writes simulate.json and simulate.md to --out. Library: dspark/bench/simulate.py.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="default: the traces' folder")
     args = ap.parse_args()
 
+    from dspark.bench import simulate as sim
     from dspark.decoding.sps import Roofline, SPSProfile, default_rows, default_widths
-    from dspark.eval import simulate as sim
 
     measured = json.loads(Path(args.measured).read_text()) if args.measured else None
     mc = measured["conditions"] if measured else {}

@@ -19,9 +19,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.bench.train_speed import measure_step_cost
 from dspark.errors import user_errors
 from dspark.training.schema import check, register_configs
-from dspark.training.speed import measure_step_cost
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 

@@ -58,7 +58,7 @@ def main(argv=None) -> None:
         a = parse(argv)
         import torch
 
-        from dspark.eval import vocab_sweep as vs
+        from dspark.bench import vocab_sweep as vs
         from dspark.eval.prompts import check_datasets, load_dataset, render
         from dspark.target import load_tokenizer
 

@@ -2,7 +2,7 @@
 
 import json
 
-from dspark.eval.ablation import render_table, training_summary
+from dspark.bench.ablation import render_table, training_summary
 
 
 def test_table_reads_each_runs_held_out_metrics_and_steps(tmp_path):

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 import dspark.cli
 from dspark.errors import EXIT_USER_ERROR
-from dspark.eval.config import register
+from dspark.eval.benchmark_config import register
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "benchmark"
 
@@ -156,7 +156,7 @@ def test_draft_without_weights_names_the_directory(tiny_target, tmp_path, bench_
 )
 def test_mistyped_value_is_one_line(arg, needle):
     from dspark.errors import UserError
-    from dspark.eval.config import check_overrides
+    from dspark.eval.benchmark_config import check_overrides
 
     with pytest.raises(UserError, match=needle) as e:
         check_overrides(["draft=x", "datasets=[gsm8k,embedded]", arg])

@@ -160,7 +160,7 @@ def test_forward_keeps_the_logits_path(tiny_target):
 def test_memory_estimate_counts_one_loss_chunk():
     """The estimator's loss term by hand: 6 fp32 [C, V] tensors, C = one chunk of slots (all M
     slots with chunk_slots=0); at Qwen3-8B's shape chunking removes most of it."""
-    from dspark.training.memory import RunShape, estimate
+    from dspark.bench.train_memory import RunShape, estimate
 
     V, M = 151936, 512 * 7  # Qwen3-8B's vocabulary; 512 anchors of 7 slots, batch 1
     whole = estimate("Qwen/Qwen3-8B", RunShape(chunk_slots=0))

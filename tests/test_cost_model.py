@@ -3,7 +3,7 @@ decoder's own parts for every verify length and draft size."""
 
 import pytest
 
-from dspark.eval.cost_model import best_verify_length, expected_tokens, measure_costs
+from dspark.bench.cost_model import best_verify_length, expected_tokens, measure_costs
 
 
 def test_expected_tokens_by_hand():

@@ -1,9 +1,9 @@
-"""The per-rank memory estimator (dspark/training/memory.py): exact parameter counts against
+"""The per-rank memory estimator (dspark/bench/train_memory.py): exact parameter counts against
 real models and published sizes, and the sharded/replicated bookkeeping by hand."""
 
 import pytest
 
-from dspark.training.memory import RunShape, count_params, estimate, target_config
+from dspark.bench.train_memory import RunShape, count_params, estimate, target_config
 
 
 def test_parameter_counts_equal_the_real_models(tiny_target):

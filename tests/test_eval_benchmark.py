@@ -11,7 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from dspark.eval.config import BenchmarkConfig, register
+from dspark.eval.benchmark_config import BenchmarkConfig, register
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "benchmark"
@@ -288,7 +288,7 @@ def test_probe_margin_skips_the_slower_baseline_end_to_end(tiny_target, tmp_path
 )  # fmt: skip
 def test_bad_auto_settings_fail_clearly(override, fix):
     from dspark.errors import BadInputError
-    from dspark.eval.config import check
+    from dspark.eval.benchmark_config import check
 
     with pytest.raises(BadInputError) as e:
         check(_compose(["draft=x", "datasets=[embedded]", override]))

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from helpers import OracleDraft, greedy_reference, prompts_for
 
+from dspark.bench import load_sweep as ls
+from dspark.bench import simulate as sim
+from dspark.bench.sps_plot import plot_profile, profile_markdown
 from dspark.decoding.sps import Roofline, SPSProfile
-from dspark.eval import load_sweep as ls
-from dspark.eval import simulate as sim
-from dspark.eval.sps_plot import plot_profile, profile_markdown
 
 REPO = Path(__file__).resolve().parents[1]
 GAMMA = 3

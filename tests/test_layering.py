@@ -2,13 +2,18 @@
 
 Every import counts, the ones inside functions too (a lazy import is still a dependency). From
 the bottom: the leaf modules (`paths`, `errors`, `fileio`, `machine`, `timing`), then the
-target, the draft model, the decoder, export, calibration, training, and the benchmark
-(`eval`) on top of them all.
+target, the draft model, the decoder, export, calibration, training, the benchmark (`eval`),
+and on top of them all the measurement harness (`bench`), which no other part imports.
+
+Also the package's file names: a name used by two modules is the same idea in parallel
+packages, and each of them names a counterpart in its docstring.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -16,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "dspark"
 
 # part -> the parts it must never import (a part: a subpackage or a top-level module).
-HIGHER = {"cli", "eval", "training", "calibration", "export", "data", "objectives"}
+HIGHER = {"bench", "cli", "eval", "training", "calibration", "export", "data", "objectives"}
 FORBIDDEN: dict[str, set[str]] = {
     **{
         leaf: HIGHER | {"target", "modeling", "decoding"}
@@ -28,8 +33,16 @@ FORBIDDEN: dict[str, set[str]] = {
     "decoding": HIGHER | {"target"},
     "export": HIGHER - {"export"},
     "calibration": HIGHER - {"calibration", "export"},
-    "training": {"cli", "eval"},
+    "training": {"bench", "cli", "eval"},
 }
+TOP = "bench"  # the measurement harness: it may import any part, and no other part imports it
+
+
+def banned_for(part: str | None) -> set[str]:
+    """The parts `part` must not import: its own list, and `bench` for every part but itself."""
+    if part == TOP:
+        return set()
+    return FORBIDDEN.get(part or "", set()) | {TOP}
 
 
 def part_of(module: str) -> str | None:
@@ -61,7 +74,7 @@ def imported_modules(source: str, module: str, is_package: bool = False) -> list
 
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
     own = part_of(module)
-    banned = FORBIDDEN.get(own or "", set())
+    banned = banned_for(own)
     return [
         name
         for name in imported_modules(source, module, is_package)
@@ -96,6 +109,14 @@ def test_no_lower_part_imports_a_higher_one():
         ("dspark.decoding.sps", "from dspark.target.loading import cache_root\n"),
         ("dspark.decoding.sps", "from ..target import loading\n"),
         ("dspark.calibration.fit", "from dspark import eval\n"),
+        ("dspark.eval.runner", "from dspark.bench.cost_model import measure_costs\n"),
+        ("dspark.eval.report", "def f():\n    from ..bench import cost_model\n"),
+        ("dspark.training.loop", "from dspark.bench.train_memory import estimate\n"),
+        ("dspark.training.loop", "import dspark.bench.train_speed\n"),
+        ("dspark.decoding.sps", "from dspark.bench.sps_plot import plot_profile\n"),
+        ("dspark.cli", "from dspark import bench\n"),
+        ("dspark.dtype_probe", "from dspark.bench.cost_model import measure_costs\n"),
+        ("dspark.data.cli", "from dspark.bench.llama_cpp_build import build_server\n"),
     ],
 )
 def test_the_check_catches_a_reintroduced_import(module, source):
@@ -106,4 +127,68 @@ def test_the_check_allows_imports_downwards():
     assert not violations("from dspark.modeling.lora import apply_lora\n", "dspark.export.api")
     assert not violations("from dspark.paths import cache_root\n", "dspark.decoding.sps")
     assert not violations("from dspark.calibration import fit\n", "dspark.training.calibrate")
-    assert not violations("from dspark.training.loop import run\n", "dspark.eval.ablation")
+    assert not violations("from dspark.training.loop import run\n", "dspark.bench.cache_speed")
+    assert not violations("from dspark.eval.prompts import render\n", "dspark.bench.load_sweep")
+    assert not violations("from dspark.bench import llama_cpp_flags\n", "dspark.bench.llama_cpp")
+
+
+def module_docstrings() -> dict[str, str]:
+    """`eval/report.py` (the path under dspark/) -> that module's docstring."""
+    return {
+        path.relative_to(PACKAGE).as_posix(): ast.get_docstring(ast.parse(path.read_text())) or ""
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def _mentions(doc: str, rel: str) -> bool:
+    """Whether `doc` names the module at `rel` (`eval/report.py`): `dspark/eval/report.py`,
+    `dspark.eval.report`, or `eval/report.py` for a module inside a subpackage (a top-level
+    `cli.py` is named only in full: `cli.py` alone would also match `data/cli.py`)."""
+    dotted = rel.removesuffix(".py").replace("/", ".")
+    forms = [f"dspark/{rel}", f"dspark.{dotted}"] + ([rel] if "/" in rel else [])
+    edge = r"(?<![\w/.])"  # a form starts at a word's start, not inside another path
+    return any(re.search(edge + re.escape(f) + r"(?![\w/])", doc) for f in forms)
+
+
+def unexplained_shared_names(docstrings: dict[str, str]) -> list[str]:
+    """The modules (paths under dspark/) whose file name another module also has, and whose
+    docstring names none of those other modules (`__init__.py` aside)."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for rel in docstrings:
+        name = rel.rsplit("/", 1)[-1]
+        if name != "__init__.py":
+            by_name[name].append(rel)
+    return [
+        rel
+        for rels in by_name.values()
+        if len(rels) > 1
+        for rel in rels
+        if not any(_mentions(docstrings[rel], other) for other in rels if other != rel)
+    ]
+
+
+def test_a_shared_file_name_is_the_same_idea_and_says_so():
+    hits = unexplained_shared_names(module_docstrings())
+    assert not hits, (
+        "a module shares its file name with another: rename it for its own idea, or (the same "
+        "idea in a parallel package) name its counterpart in its docstring:\n" + "\n".join(hits)
+    )
+
+
+def test_the_shared_name_check_catches_a_silent_one():
+    docs = {
+        "cli.py": "Console entry points.",  # names nothing
+        "data/cli.py": "The data steps' command lines, beside `dspark/export/cli.py`.",
+        "export/cli.py": "Export's command line (its script: data_scripts/cli.py).",  # no module
+        "eval/report.py": "The benchmark's report (`dspark/eval/report.py`).",  # itself only
+        "training/report.py": "Parallels `dspark.eval.report`.",
+        "calibration/metrics.py": "Calibration metrics; see dspark/eval/metrics_io.py.",  # another
+        "eval/metrics.py": "Speed metrics; `calibration/metrics.py` holds the calibration ones.",
+        "eval/runner.py": "A name of its own needs no counterpart.",
+    }
+    assert sorted(unexplained_shared_names(docs)) == [
+        "calibration/metrics.py",
+        "cli.py",
+        "eval/report.py",
+        "export/cli.py",
+    ]

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from dspark.eval.llama_cpp_build import cmake_args
+from dspark.bench.llama_cpp_build import cmake_args
 from dspark.machine import cpu_flags
 
 XEON_AMX = (

@@ -7,8 +7,8 @@ import builtins
 
 import pytest
 
+from dspark.bench.llama_cpp import Completion, EngineSettings, Mode, ModeRun, server_args
 from dspark.errors import MissingPackageError
-from dspark.eval.llama_cpp import Completion, EngineSettings, Mode, ModeRun, server_args
 
 
 def test_tau_rounds_and_break_even_from_timings_by_hand():
@@ -42,7 +42,7 @@ def test_server_flags_per_mode():
 
 
 def test_without_xllamacpp_the_engine_says_how_to_get_it(monkeypatch):
-    from dspark.eval.llama_cpp import InProcessEngine
+    from dspark.bench.llama_cpp import InProcessEngine
 
     real = builtins.__import__
 
@@ -57,7 +57,7 @@ def test_without_xllamacpp_the_engine_says_how_to_get_it(monkeypatch):
 
 
 def test_the_report_names_its_conditions():
-    from dspark.eval.llama_cpp_report import render_markdown
+    from dspark.bench.llama_cpp_report import render_markdown
 
     plain = ModeRun(Mode("none"), [Completion("a", 10, 100.0)])
     spec = ModeRun(Mode("draft-dspark", 3), [Completion("a", 10, 80.0, 9, 5)])
@@ -94,7 +94,7 @@ def test_llama_cpp_serves_our_gguf_draft_losslessly(tiny_target, tiny_target_dir
 
     from helpers import CONVERT, FETCH, REFERENCE, random_draft
 
-    from dspark.eval.llama_cpp import decode_all, open_engine, run_modes
+    from dspark.bench.llama_cpp import decode_all, open_engine, run_modes
     from dspark.export.gguf import write_gguf
 
     if not (REFERENCE / "convert_hf_to_gguf.py").is_file():
@@ -159,7 +159,7 @@ class DriftingEngine:
 
 
 def test_modes_run_interleaved_so_a_drifting_machine_biases_no_mode(monkeypatch):
-    from dspark.eval import llama_cpp
+    from dspark.bench import llama_cpp
 
     monkeypatch.setattr(llama_cpp, "open_engine", DriftingEngine)
     DriftingEngine.clock, DriftingEngine.calls = 0, []
@@ -183,7 +183,7 @@ def test_modes_run_interleaved_so_a_drifting_machine_biases_no_mode(monkeypatch)
 
 
 def test_round_trip_compares_full_block_acceptance():
-    from dspark.eval.llama_cpp_report import ours_rows, round_trip
+    from dspark.bench.llama_cpp_report import ours_rows, round_trip
 
     full = ModeRun(Mode("draft-dspark", 7), [Completion("a", 50, 100.0, 70, 30)])
     part = ModeRun(Mode("draft-dspark", 3), [Completion("a", 50, 100.0, 30, 20)])
@@ -203,7 +203,7 @@ def test_bench_script_hands_server_bin_and_verbosity_to_the_engine(monkeypatch, 
     import importlib.util
     from pathlib import Path
 
-    from dspark.eval import llama_cpp_report as rep
+    from dspark.bench import llama_cpp_report as rep
 
     spec = importlib.util.spec_from_file_location(
         "llama_cpp_bench", Path(__file__).parents[1] / "eval" / "llama_cpp_bench.py"
@@ -233,7 +233,7 @@ def test_bench_script_hands_server_bin_and_verbosity_to_the_engine(monkeypatch, 
 
 
 def test_the_report_ranks_every_engine_and_setting_per_set():
-    from dspark.eval.llama_cpp_report import fastest
+    from dspark.bench.llama_cpp_report import fastest
 
     results = {
         "datasets": {

@@ -1,12 +1,12 @@
 """llama.cpp flag choice from a fitted round cost and recorded confidences, against by-hand
-figures (dspark/eval/llama_cpp_flags.py)."""
+figures (dspark/bench/llama_cpp_flags.py)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from dspark.eval import llama_cpp_flags as F
+from dspark.bench import llama_cpp_flags as F
 
 NAN = math.nan
 
@@ -95,8 +95,8 @@ def test_choice_prefers_short_blocks_when_a_slot_is_expensive_and_long_when_chea
 def test_tune_by_model_fits_the_simulated_engine_and_takes_its_choice(monkeypatch):
     """`tune(how="model")` on an engine simulated from a known cost and known confidences: the
     fitted cost is that cost, and the chosen mode is the by-hand best of `choose_flags`."""
-    from dspark.eval import llama_cpp_report as rep
-    from dspark.eval.llama_cpp import Completion, ModeRun
+    from dspark.bench import llama_cpp_report as rep
+    from dspark.bench.llama_cpp import Completion, ModeRun
 
     truth = F.RoundCost(12.0, 8.0, 2.0, 1.0)
     conf = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]] * 3 + [[0.3, 0.2, 0.2, 0.2, 0.2, 0.2]] * 3)

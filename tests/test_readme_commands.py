@@ -156,7 +156,7 @@ def test_readme_benchmark_overrides_compose():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from dspark.eval.config import check_overrides, register
+    from dspark.eval.benchmark_config import check_overrides, register
 
     register()
     for argv in COMMANDS:

@@ -1,11 +1,11 @@
-"""The reduced-vocabulary sweep's bookkeeping against by-hand figures (dspark/eval/vocab_sweep.py)."""
+"""The reduced-vocabulary sweep's bookkeeping against by-hand figures (dspark/bench/vocab_sweep.py)."""
 
 import json
 
 import pytest
 import torch
 
-from dspark.eval import vocab_sweep as vs
+from dspark.bench import vocab_sweep as vs
 
 
 def test_run_facts_step_time_and_last_eval_by_hand(tmp_path):

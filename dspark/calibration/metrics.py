@@ -1,5 +1,8 @@
 """Calibration of the confidence head: ECE, AUROC, Brier, reliability bins, and STS.
 
+Parallels `dspark/eval/metrics.py`, the benchmark's acceptance and speed metrics of the same
+rounds.
+
 Two views of the same confidences (method doc sections 1 and 4):
 - conditional: c_k against "draft k accepted", over rounds where drafts 1..k-1 were accepted
   and k was verified (the event c_k is trained to predict);

@@ -1,4 +1,7 @@
-"""The human side of an STS fit: `calibration.{json,md}` and the reliability PNG."""
+"""The human side of an STS fit: `calibration.{json,md}` and the reliability PNG.
+
+Parallels `dspark/training/report.py` (a run's) and `dspark/eval/report.py` (a benchmark's).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""Command lines behind data_scripts/regenerate.py and data_scripts/tokenize_data.py."""
+"""Command lines behind data_scripts/regenerate.py and data_scripts/tokenize_data.py.
+
+Parallels `dspark/export/cli.py` (export's command line); `dspark/cli.py` holds the console
+entry points that call both.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """The draft's vocabulary as the decoder sees it: the target's V tokens, or K of them.
 
+Parallels `dspark/data/draft_vocab.py` (which K ids, counted over a set) and
+`dspark/training/draft_vocab.py` (a run's choice of them).
+
 A reduced draft (`config.draft_vocab_size` K < V, dspark/export/vocab.py for the mapping)
 scores K draft ids, 0..K-1 in increasing target-id order: its `lm_head` and the Markov
 `markov_w2` have K rows, so U_k and the Markov bias are `[B, K]`, while `embed_tokens` and

@@ -15,7 +15,7 @@ tapped features of that prefill fill each timed draft's context cache), then tim
   whole block, or its first `steps` tokens).
 Every timed call rewrites the same slots after the context, so the caches never grow.
 
-The cost model (`dspark.eval.cost_model`), the SPS profile (`dspark.decoding.sps`) and the
+The cost model (`dspark.bench.cost_model`), the SPS profile (`dspark.decoding.sps`) and the
 dtype probe (`dspark.dtype_probe`) all time these passes here. Step times are about speed only:
 the ids are random.
 """

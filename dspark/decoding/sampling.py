@@ -1,5 +1,8 @@
 """Turning logits into the (warped) distributions both target and draft are sampled from.
 
+Parallels `dspark/data/regeneration/sampling.py`, the sampling settings and reply contract
+of data regeneration's backends.
+
 The same `warp` is applied to the target's p and the draft's q, so speculative sampling is
 lossless with respect to the warped target distribution (temperature / top-k / top-p);
 `Sampling` holds those three settings for a decoder.

@@ -2,6 +2,8 @@
 the draft (`eval/calibrate.py`): the prompts of the named sets, decoded and fitted by
 `dspark.calibration.fit`. The default prompt sets (mbpp, math500) are neither training data
 nor the benchmark's default sets.
+Parallels `dspark/training/calibrate.py`, the same fit at the end of training on the run's
+held-out split.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Acceptance and speed metrics from the decoder's per-round record (`GenerationOutput`).
 
+Parallels `dspark/calibration/metrics.py`, the calibration metrics of the same rounds'
+confidences.
+
 Conventions (paper section 6, block size gamma):
 - a round verifies `v` drafts and accepts the first `a <= v` of them, then commits `a + 1`
   tokens (the correction or bonus token); `tau = mean(a + 1)` over all rounds of all

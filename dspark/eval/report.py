@@ -1,9 +1,13 @@
-"""`report.md` from `results.json`: every table opens with the conditions it was measured under."""
+"""`report.md` from `results.json`: every table opens with the conditions it was measured under.
+
+Parallels `dspark/training/report.py` (a run's) and `dspark/calibration/report.py` (an STS
+fit's).
+"""
 
 from __future__ import annotations
 
+from dspark.dtype_choice import break_even_tau
 from dspark.eval import auto_settings, fastest_plain
-from dspark.eval.cost_model import break_even_tau
 
 
 def _f(x, digits: int = 2) -> str:

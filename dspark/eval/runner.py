@@ -145,8 +145,8 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
 
     from dspark.errors import BadInputError
     from dspark.eval.auto_settings import choose as choose_settings
+    from dspark.eval.benchmark_config import check
     from dspark.eval.capped_decoder import CappedVerifyDecoder
-    from dspark.eval.config import check
     from dspark.eval.plots import make_plots
     from dspark.eval.report import render_report
 

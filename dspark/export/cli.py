@@ -1,5 +1,8 @@
 """Export a trained draft for serving engines (`data_scripts/export.py`, console `dspark-export`).
 
+Parallels `dspark/data/cli.py` (the data steps' command lines); `dspark/cli.py` holds the
+console entry points that call both.
+
 python data_scripts/export.py runs/quickstart/draft exports/smollm2-dspark            # deepspec, bf16
 python data_scripts/export.py runs/quickstart/draft exports/smollm2-spec --format speculators
 python data_scripts/export.py DRAFT OUT --dtype float32 --engine any --target Qwen/Qwen3-8B

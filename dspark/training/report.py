@@ -1,4 +1,8 @@
-"""The human side of a run: `results.json`, `report.md` and a training-curve PNG."""
+"""The human side of a run: `results.json`, `report.md` and a training-curve PNG.
+
+Parallels `dspark/eval/report.py` (a benchmark's) and `dspark/calibration/report.py` (an STS
+fit's).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The contract between the regeneration loop and its backends, and what they share.
 
+Parallels `dspark/decoding/sampling.py`, how the bundled decoder samples from logits.
+
 A backend has `generate(convs, seeds, sampling) -> [Reply | exception]`: one reply per
 conversation, row i sampled from `seeds[i]` alone (`row_seed(seed, row index, turn)`), so a
 row's answer never depends on its batch neighbours. The local backends render prompts with

@@ -1,6 +1,8 @@
 """Replay the decoder's acceptance traces against an SPS profile: per-user speed and throughput
 per verify policy and load, for a device one may not have.
 
+Its command line is `eval/simulate.py`, a thin entry script of the same name.
+
 Traces (the load sweep's `traces.jsonl`, policy `full`): per request, per round, the draft's
 confidences c_1..c_gamma (as the policy saw them) and the accepted count a when all of them
 were verified. Verifying only the first l drafts of that round would have accepted min(a, l)

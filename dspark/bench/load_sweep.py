@@ -1,5 +1,7 @@
 """The load sweep: R requests decoded together, per verify policy, R = 1, 2, 4, ... .
 
+Its command line is `eval/load_sweep.py`, a thin entry script of the same name.
+
 Policies (one `SpeculativeDecoder` each, same target, same prompts per load):
 - `ar`: plain autoregressive decoding (`generate_autoregressive`);
 - `full`: every request verifies the whole block;

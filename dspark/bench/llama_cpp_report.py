@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dspark.eval.llama_cpp import (
+from dspark.bench.llama_cpp import (
     EngineSettings,
     Mode,
     ModeRun,
@@ -76,7 +76,7 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
     out = {"grid": grid, "how": how, "plain_tokens_per_s": plain.tokens / plain.seconds}
     chosen = Mode("draft-dspark", int(best["n_max"]), float(best["p_min"]))
     if rounds is not None:
-        from dspark.eval import llama_cpp_flags as flags
+        from dspark.bench import llama_cpp_flags as flags
 
         cost = flags.fit_round_cost(grid, 1e3 * plain.seconds / plain.tokens)
         conf, surv = rounds["conf"], rounds["survival"]
@@ -124,7 +124,7 @@ def bench(
             rounds = None
             if draft_dir is not None:
                 progress(f"bundled decoder rounds on the tuning prompts ({draft_dir})")
-                from dspark.eval.llama_cpp_rounds import decoder_rounds
+                from dspark.bench.llama_cpp_rounds import decoder_rounds
 
                 rounds = decoder_rounds(draft_dir, target_spec, held, max_new_tokens)
             best, tuning = tune(settings, block_size, has_confidence, held, max_new_tokens,

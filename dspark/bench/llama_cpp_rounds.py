@@ -1,4 +1,4 @@
-"""The acceptance side of llama.cpp's flag choice (`dspark.eval.llama_cpp_flags`): the bundled
+"""The acceptance side of llama.cpp's flag choice (`dspark.bench.llama_cpp_flags`): the bundled
 decoder's rounds on the tuning prompts, with the raw confidences llama.cpp's `p_min` cut reads
 and the STS-calibrated survival that predicts acceptance."""
 
@@ -13,9 +13,9 @@ def decoder_rounds(draft_dir, target_spec: str, prompt_sets, max_new_tokens: int
     and what was decoded. The acceptance side of `llama_cpp_flags`."""
     import torch
 
+    from dspark.bench import llama_cpp_flags as flags
     from dspark.calibration.fit import collect
     from dspark.decoding import SpeculativeDecoder
-    from dspark.eval import llama_cpp_flags as flags
     from dspark.export.load import load_draft
     from dspark.target import load_target
 

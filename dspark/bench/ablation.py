@@ -2,6 +2,8 @@
 tau_probabilistic, tau_greedy and first-slot greedy acceptance, and by decoder tau (bonus
 counted) on benchmark prompts at T=0 and T=1.
 
+Its command line is `eval/ablation.py`, a thin entry script of the same name.
+
 Decoder tau needs no timing, so only the speculative decoder runs (batch 1, first turn, the
 first `num_prompts` prompts of each set, `max_new_tokens`); T>0 decoding is lossless sampling
 with a fixed seed. Every draft of a table shares these conditions, written beside it.

@@ -1,5 +1,7 @@
 """Training throughput on cached target features vs online capture, measured in one process.
 
+Its command line is `eval/cache_speed.py`, a thin entry script of the same name.
+
 Both runs are the real training loop (`loop.run`) on the same run config, data and seed for
 the same number of epochs; only `data.features` differs. Each run logs once, at its last step,
 so its `tokens_per_s` covers the whole run (every batch's data loading, target forward when

@@ -1,6 +1,8 @@
 """The decoder's cost model on the actual device: what a speculative round costs against a
 plain AR step, and so which tau a draft needs before it pays off.
 
+Its command line is `eval/cost_model.py`, a thin entry script of the same name.
+
 Measured with the decoder's own parts (`dspark.decoding.round_cost.RoundBench`) at batch 1
 over a context of `context_len` tokens:
 - `t_ar`: one plain AR step (1 token, logits, argmax);
@@ -23,7 +25,7 @@ import torch
 
 from dspark import dtype_choice as choice
 from dspark.config import DSparkConfig
-from dspark.dtype_choice import expected_tokens
+from dspark.dtype_choice import break_even_tau, expected_tokens
 
 __all__ = ["best_verify_length", "break_even_tau", "expected_tokens", "measure_costs", "speedup"]
 from dspark.modeling import DSparkDraftModel
@@ -92,11 +94,6 @@ def _measure(
 
 def speedup(tau: float, t_ar: float, t_draft: float, t_verify: float) -> float:
     return tau * t_ar / (t_draft + t_verify)
-
-
-def break_even_tau(t_ar: float, t_draft: float, t_verify: float) -> float:
-    """The tau at which `speedup` is 1: a round's cost in plain AR steps."""
-    return (t_draft + t_verify) / t_ar
 
 
 def best_verify_length(costs: dict, accept: Sequence[float], draft_layers: int) -> dict:

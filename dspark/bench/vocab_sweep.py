@@ -1,12 +1,14 @@
 """What a reduced draft vocabulary buys and costs: trained runs with `draft.vocab_size` K side
 by side (eval/vocab_sweep.py).
 
+Its command line is `eval/vocab_sweep.py`, a thin entry script of the same name.
+
 Per run: K and the share of the target's greedy tokens the K ids cover (on the bench prompts'
 T=0 outputs, which equal the target's greedy output); the run's training step time (median of
 its logged intervals: valid only for a run trained with nothing else on the machine) and
 held-out `tau_greedy`; decoder tau with full-block verification per set and temperature; the
 draft round's time in the bundled decoder (all drafts timed in one process against the same
-target and context, `dspark.eval.cost_model`); and, where a llama.cpp benchmark of the run's
+target and context, `dspark.bench.cost_model`); and, where a llama.cpp benchmark of the run's
 draft is given, its fastest draft-dspark mode there.
 """
 
@@ -94,7 +96,7 @@ def best_llama_cpp(path: str | None, dataset: str = "gsm8k") -> dict | None:
 
 def sweep(runs, *, target_spec, prompt_sets, max_new_tokens, temperatures, llama_cpp=None,
           repeats: int = 15) -> dict:  # fmt: skip
-    from dspark.eval.cost_model import _measure
+    from dspark.bench.cost_model import _measure
     from dspark.export.load import load_draft
     from dspark.target import load_target
 

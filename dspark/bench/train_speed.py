@@ -1,5 +1,7 @@
 """How expensive is a training step relative to the frozen target's forward on the same batch?
 
+Its command line is `eval/train_speed.py`, a thin entry script of the same name.
+
 Online capture runs the target inside every step, so the target's forward is the floor; the
 draft's forward + backward, its lm_head over every block slot and the optimizer step come on top.
 """
