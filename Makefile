@@ -106,32 +106,36 @@ else
 endif
 
 # A draft that pays off (recipes/smollm2.yaml; figures: docs/results.md). Budget: <= 2 h on 2 cores.
+# Its prompts are named sets (docs/datasets.md: the hub, or a local copy in $DSPARK_PROMPTS_DIR)
+# and chat prompts the target writes itself (Magpie), answered by the target: no file outside
+# the checkout. Every step resumes where a killed run stopped.
 SM_DATA := runs/data/smollm2
-SM_MIX ?= ../shared/data/prompts/train_mix.jsonl
-SM_MIX_ROWS ?= 640
+SM_MAGPIE_SAMPLES ?= 1024
+SM_MAGPIE_ROWS ?= 640
 SM_GSM8K_ROWS ?= 1792
 SM_EMBEDDED_ROWS ?= 480
 SM_BENCH_PROMPTS ?= 40
 comma := ,
 space := $(subst ,, )
 SM_REGEN := $(REGEN_FAST) --max-new-tokens 256 --max-length 1024
-# One tokenized set of all three answered sets (a feature cache takes one set), cached once.
-SM_TRAIN := $(SM_DATA)/train_e$(SM_EMBEDDED_ROWS)_m$(SM_MIX_ROWS)_g$(SM_GSM8K_ROWS)_s
+SM_MAGPIE := $(SM_DATA)/magpie_prompts_$(SM_MAGPIE_SAMPLES)
+# One tokenized set of all four answered sets (a feature cache takes one set), cached once.
+SM_TRAIN := $(SM_DATA)/train_e$(SM_EMBEDDED_ROWS)_p$(SM_MAGPIE_ROWS)_g$(SM_GSM8K_ROWS)_s
 # smollm2-draft: data + training, the part the 2 h budget covers; smollm2 then benchmarks it.
 smollm2-draft: setup
 	$(PY) data_scripts/prepare_target.py
 	$(SM_REGEN) --input embedded --split test --limit 48 --output $(SM_DATA)/embedded_test
 	$(SM_REGEN) --input embedded --split train --limit $(SM_EMBEDDED_ROWS) \
 		--output $(SM_DATA)/embedded_train
-	$(SM_REGEN) --input $(SM_MIX) --limit $(SM_MIX_ROWS) --output $(SM_DATA)/train_mix
-	@# Past the mixed rows: every other self-instruct seed task, and more GSM8K-train questions
-	@# (short prompts, so cheap to answer here).
-	$(SM_REGEN) --input $(SM_MIX) --skip $(SM_MIX_ROWS) --where source=self-instruct-seed \
-		--output $(SM_DATA)/self_instruct
-	$(SM_REGEN) --input $(SM_MIX) --skip $(SM_MIX_ROWS) --where source=gsm8k-train \
-		--limit $(SM_GSM8K_ROWS) --batch-size 128 --output $(SM_DATA)/gsm8k_train
+	$(PY) data_scripts/magpie_prompts.py --target embedded --num $(SM_MAGPIE_SAMPLES) \
+		--dtype $(QS_DTYPE) --output $(SM_MAGPIE)
+	$(SM_REGEN) --input $(SM_MAGPIE)/prompts.jsonl --limit $(SM_MAGPIE_ROWS) \
+		--output $(SM_DATA)/magpie
+	$(SM_REGEN) --input self-instruct-seed --output $(SM_DATA)/self_instruct
+	$(SM_REGEN) --input gsm8k-train --limit $(SM_GSM8K_ROWS) --batch-size 128 \
+		--output $(SM_DATA)/gsm8k_train
 	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --output $(SM_TRAIN) \
-		--input $(subst $(space),$(comma),$(foreach d,embedded_train train_mix self_instruct \
+		--input $(subst $(space),$(comma),$(foreach d,embedded_train magpie self_instruct \
 		gsm8k_train,$(SM_DATA)/$(d)/regenerated.jsonl))
 	$(CACHE) --data $(SM_TRAIN) --output $(SM_TRAIN)_features
 	$(CACHE) --data $(SM_DATA)/embedded_test/tokenized --output $(SM_DATA)/embedded_test/features

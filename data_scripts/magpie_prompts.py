@@ -10,7 +10,7 @@ message (T 1, top-p 0.95 by default) until its end-of-turn token, on dspark's ba
 (`--batch-size` rows at a time). Each row's text depends only on its seed; rerun the same
 command (or a larger --num) to continue after a kill. Junk, duplicates (exact and word
 5-gram Jaccard >= --near-threshold) and any prompt that copies a bench prompt (--bench-dir,
-$DSPARK_BENCH_DIR, or the data folder beside the checkout) are rejected and counted in
+$DSPARK_BENCH_DIR, else the public bench sets by name from the hub) are rejected and counted in
 summary.json. See dspark/data/regeneration/magpie.py for the files written.
 """
 
@@ -48,7 +48,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--near-threshold", type=float, default=0.7, help="word 5-gram Jaccard")
     p.add_argument("--language", default=None, choices=("en",), help="keep English only")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if any)")
-    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bf16 on GPU)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="float32 | bfloat16 | auto (the faster batched AR step, measured and cached per "
+        "device as regenerate.py does; default: bf16 on GPU, fp32 on CPU)",
+    )
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -79,7 +84,12 @@ def main(argv=None) -> int:
         import torch
 
         from dspark.data.outputs import require_output_dir
-        from dspark.data.prompts.prompt_filter import BenchOverlap, find_bench_dir, read_bench_texts
+        from dspark.data.prompts.prompt_filter import (
+            BenchOverlap,
+            find_bench_dir,
+            public_bench_texts,
+            read_bench_texts,
+        )
         from dspark.data.regeneration.decoder_backend import DecoderBackend
         from dspark.data.regeneration.magpie import (
             Filters,
@@ -89,17 +99,14 @@ def main(argv=None) -> int:
             pre_query_template,
         )
         from dspark.data.regeneration.sampling import SamplingConfig
+        from dspark.dtype_probe import cast_to_fastest
         from dspark.target import load_target, load_tokenizer
 
         require_output_dir(a.output)
         bench_dir = find_bench_dir(a.bench_dir)
-        bench = BenchOverlap(read_bench_texts(bench_dir), a.near_threshold) if bench_dir else None
-        if bench is None:
-            print(
-                "note: no bench folder (--bench-dir or $DSPARK_BENCH_DIR); "
-                "the prompts are not checked against bench sets",
-                file=sys.stderr,
-            )
+        # no folder: the public bench sets by name (the hub; offline, an error naming the fix)
+        texts = read_bench_texts(bench_dir) if bench_dir else public_bench_texts()
+        bench = BenchOverlap(texts, a.near_threshold)
         sampling = SamplingConfig(
             temperature=a.temperature,
             top_p=a.top_p,
@@ -113,7 +120,10 @@ def main(argv=None) -> int:
         check_run(Path(a.output), magpie_settings(a.target, sampling, a.system_prompt, pre))
         device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-        model, tok = load_target(a.target, dtype=dtype, device=device)
+        model, tok = load_target(a.target, dtype="float32" if dtype == "auto" else dtype,
+                                 device=device)  # fmt: skip
+        if dtype == "auto":
+            cast_to_fastest(model, job="plain", batch=a.batch_size, out_dir=a.output)
         backend = DecoderBackend(model, tok, batch_size=a.batch_size)
         filters = Filters(
             min_chars=a.min_chars,

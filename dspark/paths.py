@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 from dspark.errors import MissingPathError
@@ -69,28 +68,19 @@ def find_dir(name: str) -> Path:
 
 # The folder of the benchmark prompt sets (gsm8k.jsonl, mt-bench.jsonl, ...): read by the
 # benchmark (dspark/eval/prompts.py) and by the prompt sources that must never copy them
-# (dspark/data/prompt_filter.py), so it lives here, below both.
+# (dspark/data/prompt_filter.py), so it lives here, below both. Only an explicit folder or the
+# variable names it: the library assumes no data folder beside its checkout.
 BENCH_ENV = "DSPARK_BENCH_DIR"
-SHARED_BENCH = Path("shared") / "data" / "bench"
-REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout this package runs from
-
-
-def bench_dir_candidates() -> list[Path]:
-    """The implicit places, in search order: `../shared/data/bench` from the current directory,
-    then beside this checkout."""
-    return [Path.cwd().parent / SHARED_BENCH, REPO_ROOT.parent / SHARED_BENCH]
 
 
 def data_dir_or_none(
     given: str | os.PathLike | None,
     label: str,
     env: str,
-    candidates: Iterable[Path],
     holds: str,
 ) -> Path | None:
     """`given` (named `label` in the error), else `$env` (each must exist: a `MissingPathError`
-    naming `holds`, what the folder is for, otherwise), else the first existing of
-    `candidates`, else None."""
+    naming `holds`, what the folder is for, otherwise), else None."""
     for value, key in ((given, label), (os.environ.get(env), env)):
         if value:
             path = Path(value).expanduser()
@@ -99,7 +89,7 @@ def data_dir_or_none(
                     f"{key}={value}: no such directory; point it at the folder of {holds}"
                 )
             return path
-    return next((p for p in candidates if p.is_dir()), None)
+    return None
 
 
 def bench_dir_or_none(given: str | os.PathLike | None, label: str = "bench_dir") -> Path | None:
@@ -108,6 +98,5 @@ def bench_dir_or_none(given: str | os.PathLike | None, label: str = "bench_dir")
         given,
         label,
         BENCH_ENV,
-        bench_dir_candidates(),
         "the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...)",
     )

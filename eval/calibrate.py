@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument(
         "--bench-dir",
         default=None,
-        help="default: $DSPARK_BENCH_DIR, then ../shared/data/bench (dspark/eval/prompts.py)",
+        help="default: $DSPARK_BENCH_DIR, else the hub (dspark/eval/prompts.py)",
     )
     ap.add_argument("--num-prompts", type=int, default=24, help="per dataset")
     ap.add_argument("--max-new-tokens", type=int, default=64)

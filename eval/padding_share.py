@@ -20,7 +20,7 @@ from pathlib import Path
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 from dspark.data.packing import padding_stats, row_lengths
 
-TRAIN_MIX = "../shared/data/prompts/train_mix.jsonl"  # relative to the checkout root
+TRAIN_MIX = "train_mix"  # the named set: $DSPARK_PROMPTS_DIR's train_mix.jsonl
 
 
 def prompt_lengths(source: str, tokenizer, answer_tokens: int) -> tuple[list[int], int]:

@@ -7,6 +7,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The development machines' local copies of the named prompt sets, where a checkout has them
+# beside it: the library itself only reads a folder it is given (tests that need none unset it).
+_SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared")
+for _env, _sub in (("DSPARK_BENCH_DIR", "bench"), ("DSPARK_PROMPTS_DIR", "prompts")):
+    if os.path.isdir(os.path.join(_SHARED, "data", _sub)):
+        os.environ.setdefault(_env, os.path.normpath(os.path.join(_SHARED, "data", _sub)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import dspark.paths
 from dspark.data.prompts import named_sets
 from dspark.data.prompts.named_sets import bench_turns, load_named_set
 from dspark.data.prompts.public_sets import (
@@ -83,7 +82,6 @@ def no_sibling_data(tmp_path, monkeypatch):
     """No implicit data folder (a user's fresh clone): only what a test sets is local."""
     for env in ("DSPARK_BENCH_DIR", "DSPARK_PROMPTS_DIR"):
         monkeypatch.delenv(env, raising=False)
-    monkeypatch.setattr(dspark.paths, "REPO_ROOT", tmp_path / "clone" / "dspark")
     monkeypatch.chdir(tmp_path)
 
 

@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-import dspark.paths
 from dspark.errors import MissingPathError
 from dspark.eval.prompts import find_bench_dir, load_dataset, load_turns, render
 
@@ -47,22 +46,17 @@ def test_embedded_held_out_set():
 
 
 def test_bench_dir_search_order(tmp_path, monkeypatch):
-    """argument, then $DSPARK_BENCH_DIR, then ./../shared/data/bench, then beside the repo."""
+    """argument, then $DSPARK_BENCH_DIR; no folder beside the checkout or the current
+    directory is ever looked in (a user's machine has none)."""
     monkeypatch.delenv("DSPARK_BENCH_DIR", raising=False)
-    beside_repo = tmp_path / "repo_parent" / "shared" / "data" / "bench"
-    monkeypatch.setattr(dspark.paths, "REPO_ROOT", tmp_path / "repo_parent" / "repo")
     cwd = tmp_path / "runs" / "checkout"
     cwd.mkdir(parents=True)
     monkeypatch.chdir(cwd)
+    (tmp_path / "runs" / "shared" / "data" / "bench").mkdir(parents=True)  # ../shared/...
     with pytest.raises(MissingPathError, match="DSPARK_BENCH_DIR") as e:
         find_bench_dir()
     # the message names the fixes: a folder, or a public set by name (from the hub)
     assert "gsm8k" in str(e.value) and "hub" in str(e.value) and "shared" not in str(e.value)
-    beside_repo.mkdir(parents=True)
-    assert find_bench_dir() == beside_repo
-    from_cwd = tmp_path / "runs" / "shared" / "data" / "bench"
-    from_cwd.mkdir(parents=True)
-    assert find_bench_dir() == from_cwd
     env = tmp_path / "env_bench"
     env.mkdir()
     monkeypatch.setenv("DSPARK_BENCH_DIR", str(env))
@@ -78,8 +72,8 @@ def test_bench_dir_search_order(tmp_path, monkeypatch):
     with pytest.raises(MissingPathError, match="DSPARK_BENCH_DIR="):
         find_bench_dir()
     # load_dataset searches the same way
-    (from_cwd / "tiny.jsonl").write_text('{"turns": ["hi"]}\n')
-    monkeypatch.delenv("DSPARK_BENCH_DIR")
+    (env / "tiny.jsonl").write_text('{"turns": ["hi"]}\n')
+    monkeypatch.setenv("DSPARK_BENCH_DIR", str(env))
     assert load_dataset("tiny", None, None) == [["hi"]]
 
 
@@ -90,7 +84,6 @@ def test_a_public_set_no_folder_holds_comes_from_the_hub(tmp_path, monkeypatch):
     from dspark.eval.prompts import check_datasets
 
     monkeypatch.delenv("DSPARK_BENCH_DIR", raising=False)
-    monkeypatch.setattr(dspark.paths, "REPO_ROOT", tmp_path / "parent" / "repo")
     monkeypatch.chdir(tmp_path)
     asked = []
 

@@ -27,6 +27,9 @@ def _json_arg(text):
     return value
 
 
+# The exit status of a job that stopped unfinished on purpose (`--stop-after`): rerun it to
+# continue. EX_TEMPFAIL (sysexits.h), so a script or make step tells it from success and errors.
+EXIT_UNFINISHED = 75
 TARGET_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 
 
@@ -77,6 +80,22 @@ def regenerate_main(argv=None) -> int:
     p.add_argument("--config-name", default=None, help="hub dataset config name")
     p.add_argument("--output", required=True, help="output directory")
     p.add_argument("--limit", type=int, default=None, help="use the first N (selected) source rows")
+    p.add_argument(
+        "--grow",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N more rows than the output's last run took (its summary.json), i.e. --limit "
+        "of that run + N; on a new output, --limit N",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help="stop at the first chunk boundary past this many minutes, exit "
+        f"{EXIT_UNFINISHED}; rerun the same command to continue (a long build in bounded steps)",
+    )
     p.add_argument(
         "--skip",
         type=int,
@@ -169,6 +188,10 @@ def regenerate_main(argv=None) -> int:
         check_device(p, a.device)
     if a.max_length < 1:
         p.error(f"--max-length {a.max_length}: must be >= 1")
+    if a.grow is not None and (a.limit is not None or a.grow < 1):
+        p.error("--grow N takes N >= 1 and replaces --limit; pass one of them")
+    if a.stop_after is not None and a.stop_after <= 0:
+        p.error(f"--stop-after {a.stop_after}: must be > 0 minutes")
     # Held before the prompts and the target load (minutes): a second job on the same
     # output is refused at once.
     with exclusive_output(a.output, "the regeneration output"):
@@ -191,6 +214,9 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     check_output(a.output)
     if a.tokenize:
         check_tokenized_output(Path(a.output) / "tokenized", key="--output (its tokenized/)")
+    if a.grow is not None:
+        a.limit = rows_of_last_run(Path(a.output)) + a.grow
+        print(f"--grow {a.grow}: the first {a.limit} selected rows", file=sys.stderr)
     selection = RowSelection.parse(limit=a.limit, skip=a.skip, where=a.where)
     prompts = load_prompts(a.input, split=a.split, name=a.config_name, selection=selection)
     require_rows(prompts, a.input, "--input", selection)
@@ -247,7 +273,7 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
             a.backend, model, tokenizer, a.chat_template_kwargs, batch_size=batch
         )
     settings = settings_of(a, generator)
-    regenerate(
+    summary = regenerate(
         prompts,
         backend,
         a.output,
@@ -255,7 +281,10 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         batch_size=chunk,
         settings=settings,
         progress=not a.no_progress,
+        stop_after_s=None if a.stop_after is None else a.stop_after * 60,
     )
+    if not summary["complete"]:
+        return EXIT_UNFINISHED  # --tokenize waits for the finished set
     if a.tokenize:
         from dspark.data.tokenize import tokenize_file
 
@@ -270,6 +299,14 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         )
         _print_tokenized(stats, Path(a.output) / "tokenized")
     return 0
+
+
+def rows_of_last_run(out: Path) -> int:
+    """The selected rows (`rows_total`) the last regeneration into `out` took; 0 for none."""
+    try:
+        return int(json.loads((out / "summary.json").read_text())["rows_total"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def settings_of(a: argparse.Namespace, generator: str) -> dict:
@@ -318,6 +355,11 @@ def tokenize_main(argv=None) -> int:
     )
     p.add_argument("--output", required=True, help="directory for save_to_disk + manifest.json")
     p.add_argument("--chat-template-kwargs", type=_json_arg, default=None)
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="tokenize an unfinished regeneration's rows done so far (refused otherwise)",
+    )
     _tokenize_args(p)
     a = p.parse_args(argv)
     if a.max_length < 1:
@@ -331,6 +373,7 @@ def tokenize_main(argv=None) -> int:
         max_length=a.max_length,
         method=a.mask_method,
         chat_template_kwargs=a.chat_template_kwargs,
+        partial=a.partial,
     )
     _print_tokenized(stats, a.output)
     return 0

@@ -26,7 +26,7 @@ from dspark.data.masks import (
 )
 from dspark.errors import BadInputError
 from dspark.fileio import staged_dir, write_text_atomic
-from dspark.locking import exclusive_output, writes_output
+from dspark.locking import exclusive_output, refuse_if_being_written, writes_output
 
 MANIFEST = "manifest.json"
 PREFLIGHT_ROWS = 32
@@ -201,6 +201,25 @@ def check_tokenized_output(out_dir: str | os.PathLike, key: str = "--output") ->
     return out
 
 
+def check_finished_regeneration(source: Path, partial: bool) -> None:
+    """A `regenerated.jsonl` whose regeneration another job writes, or (without `partial`)
+    whose `summary.json` says it is unfinished, is refused; other sources pass."""
+    summary = source.parent / "summary.json"
+    if source.name != "regenerated.jsonl" or not (source.parent / "run.json").is_file():
+        return
+    refuse_if_being_written(source.parent, "the regeneration")
+    try:
+        done = json.loads(summary.read_text()).get("complete", True)  # older runs: finished
+    except (OSError, ValueError):
+        done = False
+    if not done and not partial:
+        raise BadInputError(
+            f"{source} is an unfinished regeneration ({summary} says so: it was stopped, "
+            "killed or is under way). Rerun its regenerate.py command to finish it, or pass "
+            "--partial to tokenize the rows done so far"
+        )
+
+
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     return json.loads((Path(data_dir) / MANIFEST).read_text())
 
@@ -215,14 +234,19 @@ def tokenize_file(
     method: str = "auto",
     chat_template_kwargs=None,
     tokenizer=None,
+    partial: bool = False,
 ) -> dict:
     """Tokenize a regenerated JSONL (or any prompt source whose rows have assistant turns).
 
     `input_path` may join several sources with commas: their rows are tokenized into one set,
-    in that order (one set is what a feature cache and `data.features` take)."""
+    in that order (one set is what a feature cache and `data.features` take). A regeneration
+    that is unfinished (its `summary.json` says so: under way, killed, or stopped by
+    `--stop-after`) or being written is refused, unless `partial` takes the rows done so far."""
     sources = [p.strip() for p in str(input_path).split(",") if p.strip()]
     if not sources:
         raise BadInputError(f"--input {input_path!r} names no source")
+    for src in sources:
+        check_finished_regeneration(Path(src), partial)
     check_tokenized_output(output_dir)
     from dspark.data.prompts.prompt_set import require_rows, write_rejected
     from dspark.data.prompts.sources import load_prompts

@@ -53,7 +53,7 @@ class BenchmarkConfig:
     datasets: list[str] = field(
         default_factory=lambda: ["gsm8k", "humaneval", "mt-bench", "embedded"]
     )
-    bench_dir: str | None = None  # null: $DSPARK_BENCH_DIR, ../shared/data/bench (eval/prompts.py)
+    bench_dir: str | None = None  # null: $DSPARK_BENCH_DIR, else the hub (eval/prompts.py)
     num_prompts: int = 40  # conversations per dataset (the first N)
     all_turns: bool = False  # every user turn, the target's own answers fed back
     system_prompt: str | None = None

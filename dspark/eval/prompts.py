@@ -7,8 +7,7 @@ either the first turn only or every turn with the target's own earlier answers f
 A bench set is read from a local folder when one holds `<name>.jsonl`, found in this order
 (`find_bench_dir`):
 1. the explicit argument (`bench_dir=` of the benchmark config, `--bench-dir` of the scripts);
-2. `$DSPARK_BENCH_DIR`;
-3. the data folder beside the checkout (`dspark.paths.bench_dir_candidates`).
+2. `$DSPARK_BENCH_DIR`.
 An explicit folder (1, 2) must exist. A public set (gsm8k, humaneval, mbpp, math500, mt-bench:
 `dspark.data.prompts.public_sets.BENCH_SETS`, docs/datasets.md) that no folder holds comes from
 the hub through `datasets`, converted to the same turns.

@@ -2,9 +2,8 @@
 
 Search order, first hit wins:
 1. a local folder: the one passed (`bench_dir=` of the benchmark, `--bench-dir`), else
-   `$DSPARK_BENCH_DIR` (bench sets) / `$DSPARK_PROMPTS_DIR` (training sets), else the
-   checkout's sibling data folder when there is one (`dspark.paths.bench_dir_or_none`); it
-   holds the set as `<name>.jsonl` (a training set also as the rows of `train_mix.jsonl`
+   `$DSPARK_BENCH_DIR` (bench sets) / `$DSPARK_PROMPTS_DIR` (training sets)
+   (`dspark.paths.bench_dir_or_none`); it holds the set as `<name>.jsonl` (a training set also as the rows of `train_mix.jsonl`
    whose `source` is its name). Tests and offline runs use this.
 2. the Hugging Face hub through `datasets` (its cache makes a second load offline-safe),
    each row converted to `{"turns": [...]}` by the set's converter.
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from dspark.data.prompts.public_sets import PUBLIC_SETS, TRAIN_MIX, PublicSet, to_prompt_row
 from dspark.errors import BadInputError, MissingPathError
-from dspark.paths import BENCH_ENV, bench_dir_candidates, bench_dir_or_none, data_dir_or_none
+from dspark.paths import BENCH_ENV, bench_dir_or_none, data_dir_or_none
 
 PROMPTS_ENV = "DSPARK_PROMPTS_DIR"
 
@@ -52,7 +51,6 @@ def local_dir(spec: PublicSet, given: str | os.PathLike | None = None) -> Path |
         given,
         "prompts_dir",
         PROMPTS_ENV,
-        (c.parent / "prompts" for c in bench_dir_candidates()),
         "the training prompt sets (train_mix.jsonl, gsm8k-train.jsonl, ...)",
     )
 

@@ -27,6 +27,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from dspark.data.prompts.named_sets import bench_turns, read_prompt_file
+from dspark.data.prompts.public_sets import BENCH_SETS
 from dspark.errors import BadInputError, MissingPathError
 from dspark.paths import bench_dir_or_none
 
@@ -233,15 +235,18 @@ def read_bench_texts(bench_dir: str | Path) -> list[tuple[str, str]]:
             f"--bench-dir {bench_dir} holds no *.jsonl bench set; point it at the folder of "
             "the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
         )
-    from dspark.data.prompts.named_sets import read_prompt_file
-
     return [
         (path.stem, t) for path in files for row in read_prompt_file(path) for t in row["turns"]
     ]
 
 
+def public_bench_texts() -> list[tuple[str, str]]:
+    """`(set name, user turn)` of every public bench set by name (`named_sets.bench_turns`:
+    `$DSPARK_BENCH_DIR`'s copy, else the hub)."""
+    return [(name, t) for name in BENCH_SETS for turns in bench_turns(name) for t in turns]
+
+
 def find_bench_dir(given: str | None = None) -> Path | None:
     """The bench folder to check against: `given` (`--bench-dir`), else `$DSPARK_BENCH_DIR`
-    (both must exist), else `../shared/data/bench` from the current directory or beside the
-    checkout when one exists, else None (a fresh machine holds no bench sets to copy)."""
+    (both must exist), else None (then the public bench sets are read by name)."""
     return bench_dir_or_none(given, "--bench-dir")

@@ -61,12 +61,17 @@ def regenerate(
     settings: dict | None = None,
     progress: bool = True,
     log=print,
+    stop_after_s: float | None = None,
 ) -> dict:
     """Answer every user turn of `prompts` (a `PromptSet`) with `backend`; return the summary.
 
     Existing assistant turns in the prompts are dropped and regenerated. See the module
     docstring for the files written and the resume guarantees. One writer at a time: a second
     job on the same `output_dir` gets `OutputBusyError` (dspark/locking.py).
+
+    `stop_after_s`: stop at the first chunk boundary past that many seconds, after one chunk
+    at least (a long build in bounded steps; a rerun continues). `summary.json` says `"complete": false` while a run is
+    under way, after a kill and after such a stop, so a reader can tell a finished set.
     """
     from tqdm.auto import tqdm
 
@@ -89,7 +94,9 @@ def regenerate(
         "rows_rejected": len(prompts.rejected),
         "generated_tokens": 0,
         "turns": 0,
+        "complete": False,
     }
+    write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")  # until it ends
     t0 = time.monotonic()
     bar = tqdm(
         total=len(todo), unit="row", disable=not progress, dynamic_ncols=True, desc="regenerate"
@@ -127,6 +134,8 @@ def regenerate(
             bar.set_postfix(
                 tok_s=f"{stats['generated_tokens'] / dt:.1f}", failed=stats["rows_failed"]
             )
+            if stop_after_s is not None and dt >= stop_after_s:  # each run does >= 1 chunk
+                break
     bar.close()
     elapsed = time.monotonic() - t0
     stats.update(
@@ -134,6 +143,8 @@ def regenerate(
         tokens_per_s=round(stats["generated_tokens"] / max(elapsed, 1e-9), 2),
         rows_in_output=len(repair_and_read(out / OUTPUT)),
         output=str(out / OUTPUT),
+        # every row attempted (a failed row is retried by a rerun, and counted here)
+        complete=stats["rows_done"] + stats["rows_failed"] == len(todo),
     )
     write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")
     if log:
@@ -143,6 +154,10 @@ def regenerate(
             f"inputs; {stats['generated_tokens']} tokens in {elapsed:.1f}s "
             f"({stats['tokens_per_s']} tok/s) -> {out / OUTPUT}"
         )
+        if not stats["complete"]:
+            left = len(todo) - stats["rows_done"] - stats["rows_failed"]
+            log(f"regenerate: stopped with {left} of {len(rows)} rows left; rerun the same "
+                "command to continue")  # fmt: skip
     return stats
 
 
