@@ -23,7 +23,7 @@ from dspark.errors import MissingPackageError, MissingPathError
 from dspark.locking import CACHE_WAIT_S, exclusive_output
 from dspark.machine import cpu_flags
 
-TARGETS = ("llama-server", "llama-bench")
+TARGETS = ("llama-server", "llama-bench", "llama-quantize")  # quantize: targets in users' quants
 # /proc/cpuinfo flag -> the ggml option that compiles for it (x86-64)
 X86_FEATURES = (
     ("avx", "GGML_AVX"),

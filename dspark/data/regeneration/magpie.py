@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark.data.prompts.diversity import prompt_diversity
 from dspark.data.prompts.prompt_filter import (
     NEAR_THRESHOLD,
     BenchOverlap,
@@ -370,6 +371,7 @@ def generate_prompts(
         "bench_overlap": {k: sel.counts.get(f"bench_{k}", 0) for k in ("exact", "near")},
         "bench_dir": bench_dir,
         "bench_prompts": len(bench) if bench is not None else 0,
+        "diversity": prompt_diversity([r["turns"][0] for r in sel.kept]),
         "filters": asdict(filters),
         "elapsed_s": round(time.monotonic() - t0, 3),
         "output": str(out / PROMPTS),
