@@ -423,3 +423,21 @@ def save_rows(rows: dict, path: Path) -> Path:
 
     datasets.Dataset.from_dict(rows).save_to_disk(str(path))
     return path
+
+
+class ScriptedClock:
+    """A stand-in for the `time` module `dspark.timing` reads: each timed call (a start read,
+    then an end read) lasts the next of `durations` seconds. Install it with
+    `monkeypatch.setattr(dspark.timing, "time", ScriptedClock([...]))`; `reads` counts clock
+    reads, so a test also sees that nothing else was timed."""
+
+    def __init__(self, durations):
+        self.durations, self.reads, self._now = list(durations), 0, 100.0
+
+    def perf_counter(self) -> float:
+        self.reads += 1
+        if self.reads % 2:  # a start: the next call begins a whole second later
+            self._now = float(int(self._now) + 1)
+        else:
+            self._now += self.durations[self.reads // 2 - 1]
+        return self._now

@@ -2,8 +2,16 @@
 decoder's own parts for every verify length and draft size."""
 
 import pytest
+from helpers import ScriptedClock
 
-from dspark.bench.cost_model import best_verify_length, expected_tokens, measure_costs
+import dspark.timing
+from dspark.bench.cost_model import (
+    best_verify_length,
+    break_even_tau,
+    expected_tokens,
+    measure_costs,
+    speedup,
+)
 
 
 def test_expected_tokens_by_hand():
@@ -26,14 +34,35 @@ def test_best_verify_length_trades_tokens_for_cost():
     assert best["speedup"] == pytest.approx(by_hand[2])
 
 
-def test_measure_costs_on_a_tiny_target(tiny_target):
+def test_measure_costs_on_a_tiny_target(tiny_target, monkeypatch):
+    """Each figure is the median of its own timed calls, in the order the module doc lists
+    them (AR step, verify of n = 1..block + 1 tokens, a draft round per layer count); the
+    break-even tau and the speedup follow from them by the module's formulas."""
     target, _ = tiny_target("llama")
+    # figure k (0: t_ar, 1-4: t_verify[1..4], 5-6: t_draft[1, 2]) times 3 calls whose median
+    # is (k + 1) / 100, the other two calls above and below it
+    med = [(k + 1) / 100 for k in range(7)]
+    clock = ScriptedClock([d for m in med for d in (m + 0.004, m - 0.003, m)])
+    monkeypatch.setattr(dspark.timing, "time", clock)
     c = measure_costs(
-        target, draft_layers=(1, 2), block_size=3, markov_rank=8, context_len=32, repeats=2
+        target, draft_layers=(1, 2), block_size=3, markov_rank=8, context_len=32, repeats=3
     )
-    assert set(c["t_verify"]) == {1, 2, 3, 4} and set(c["t_draft"]) == {1, 2}
-    assert c["t_ar"] > 0 and all(t > 0 for t in c["t_verify"].values())
+    assert clock.reads == 2 * 3 * 7  # every figure timed 3 times, nothing else
+    assert c["t_ar"] == pytest.approx(med[0])
+    assert c["t_verify"] == pytest.approx({n: med[n] for n in (1, 2, 3, 4)})
+    assert c["t_draft"] == pytest.approx({1: med[5], 2: med[6]})
     assert c["conditions"]["block_size"] == 3 and c["conditions"]["batch"] == 1
+    assert c["conditions"]["repeats"] == 3 and c["conditions"]["context_len"] == 32
+    # a 2-layer draft verifying all 3 drafts: (t_draft + t_verify[4]) / t_ar = 0.12 / 0.01
+    assert break_even_tau(c["t_ar"], c["t_draft"][2], c["t_verify"][4]) == pytest.approx(12.0)
+    # accept 0.5 each: L = 1, 2, 3 commit 1.5, 1.75, 1.875 tokens for 0.07 + t_verify[L + 1]
+    # = 0.10, 0.11, 0.12 s: 66.7, 62.9, 64.0 ms a token, so L = 2
+    best = best_verify_length(c, [0.5, 0.5, 0.5], 2)
+    assert best["L"] == 2 and best["tau"] == pytest.approx(1.75)
+    assert best["speedup"] == pytest.approx(1.75 * 0.01 / 0.11)
+    assert speedup(1.75, c["t_ar"], c["t_draft"][2], c["t_verify"][3]) == pytest.approx(
+        best["speedup"]
+    )
 
 
 def test_accept_from_a_draft_without_a_run_is_one_error_line(tmp_path):

@@ -14,6 +14,15 @@ REPO = Path(__file__).resolve().parents[1]
 # "staged" (word) for results of earlier training stages. Identifiers such as `_staged` or
 # `staged_write` do not match (`\b` sees no boundary after `_`).
 WORK_LOG_WORDS = re.compile(r"\bstop \d+|\bthe issue\b|\bstaged\b", re.IGNORECASE)
+# History in a results document: a commit id (after "at" / "commit", or backticked: hex with a
+# letter and a digit), a date, or a day's host. Figures there are current; git keeps history.
+_SHA = r"(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}"
+HISTORY_WORDS = re.compile(
+    rf"\b(?:at|commit) {_SHA}\b|`{_SHA}`|\b20\d\d-[01]\d\b"
+    r"|(?i:\b(?:today|yesterday|that day|the day before)\b|\b\w+ host day\b)"
+)
+# Documents that hold current figures only.
+CURRENT_DOCS = ["README.md", "docs/results.md"]
 # Paths new contributors will create: they must not be swallowed by a `target/` ignore rule.
 TARGET_DIR_PATHS = ["dspark/target/new_module.py", "conf/target/new.yaml"]
 
@@ -54,6 +63,50 @@ def test_the_word_check_catches_what_it_should():
         assert WORK_LOG_WORDS.search(bad), bad
     for fine in ("stop drafting below p_min", "with _staged(out) as tmp", "staged_write()"):
         assert not WORK_LOG_WORDS.search(fine), fine
+
+
+@pytest.mark.parametrize("doc", CURRENT_DOCS)
+def test_current_docs_hold_no_history(doc):
+    hits = [
+        f"{doc}:{n}: {m.group(0)!r}: {line.strip()[:100]}"
+        for n, line in enumerate((REPO / doc).read_text().splitlines(), 1)
+        if (m := HISTORY_WORDS.search(line))
+    ]
+    assert not hits, "state the current figure and its conditions instead:\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "the quickstart at 6daef21 took 20 min",
+        "from a fresh clone at commit 9f8a7d2e",
+        "built from `d114da3` with the native server",
+        "measured on 2026-11-04 on machine D",
+        "this host ran faster today",
+        "it took 86.5 ms yesterday",
+        "a slow host day",
+        "the host ran slow that day",
+    ],
+)
+def test_the_history_check_catches(bad):
+    assert HISTORY_WORDS.search(bad), bad
+
+
+@pytest.mark.parametrize(
+    "fine",
+    [
+        "the flags word 0x1f is kept",
+        "a mask of 0xdeadbeef",
+        "xllamacpp 2026.10.11549",
+        "at 1448 s in all",
+        "at 1234567 tokens",
+        "the `draft_vocab_4096.json` file",
+        "`dspark.timing` medians",
+        "seeds at deadbeef-free offsets",
+    ],
+)
+def test_the_history_check_allows(fine):
+    assert not HISTORY_WORDS.search(fine), fine
 
 
 def _ignored(path: str, *config: str) -> bool:

@@ -75,9 +75,9 @@ class _Writer:
         if self.start is not None:
             buf[:, :, self.start : self.start + n].copy_(states)
             return
-        # Advanced indexing (index_put_) writes only the `B * n` slots. `scatter_` along dim 2
-        # took ~40 ms a call at B = 128 on the CPU whatever n was (measured: 43 ms vs 0.02 ms
-        # for n = 1), i.e. ~2.6 s of every batched decoding step of a 30-layer target.
+        # Advanced indexing (index_put_) writes only the `B * n` slots; `scatter_` along dim 2
+        # took as long for one token as for many on the CPU, far longer than the write itself
+        # (docs/results.md, "Decoder internals").
         buf[self._rows, :, self.positions] = states.transpose(1, 2)  # [B, n, h, d] slots
 
 

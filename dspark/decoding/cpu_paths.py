@@ -24,9 +24,9 @@ import torch
 def matvec_head_logits(head, hidden: torch.Tensor) -> torch.Tensor | None:
     """`head(hidden)` in fp32 as `(W @ h^T)^T`, or None where this path does not apply.
 
-    Applies to a bias-free `nn.Linear` with vocab >= 8 x hidden on CPU rows (2..64 of them):
-    measured 2-3x faster than `F.linear` for 2-8 rows of SmolLM2's 49152 x 576 head
-    (1 thread), identical for one row."""
+    Applies to a bias-free `nn.Linear` with vocab >= 8 x hidden on CPU rows (2..64 of them),
+    where `F.linear` of a few rows against a tall head is the slower call (docs/results.md,
+    "Decoder internals"); identical for one row."""
     weight = getattr(head, "weight", None)
     rows = hidden.numel() // hidden.shape[-1]
     if not (

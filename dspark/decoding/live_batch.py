@@ -80,8 +80,7 @@ class LiveBatch:
         Rows leave by swap-remove: the last live row moves into a finished row's slot (only its
         committed slots are copied) and the caches shrink to views of their first rows, so a
         retirement costs one row's copy per finished request instead of a gather of every
-        live row (SmolLM2, fp32, 16 rows x 512 slots, 2 threads: 1.6 ms vs 38.7 ms, an AR step
-        being ~130 ms; 64 rows: 2.4 vs 174 ms)."""
+        live row, whose cost grows with the batch (docs/results.md, "Decoder internals")."""
         gone = [i for i, b in enumerate(self.requests) if done[b]]
         if not gone:
             return None
