@@ -46,14 +46,24 @@ def quantize_command(quantize_bin: Path, src: Path, dst: Path, quant: str, threa
     return [str(quantize_bin), str(src), str(dst), QUANTS[quant], str(threads)]
 
 
-def _run_into(cmd_for: Callable[[Path], list[str]], dst: Path, log) -> Path:
+def converter_env(tree: Path) -> dict:
+    """The converter reads the tree's own gguf-py (its version of the format), not the
+    installed `gguf` package."""
+    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(tree / "gguf-py"), env.get("PYTHONPATH")])
+    )
+    return env
+
+
+def _run_into(cmd_for: Callable[[Path], list[str]], dst: Path, log, env=None) -> Path:
     """Run the command that writes `cmd_for(tmp)`, then rename `tmp` to `dst`."""
     if dst.is_file():
         log(f"{dst} (kept)")
         return dst
     tmp = dst.with_name(f".{dst.name}.tmp")
     try:
-        subprocess.run(cmd_for(tmp), check=True)
+        subprocess.run(cmd_for(tmp), check=True, env=env)
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
@@ -86,7 +96,8 @@ def make_quants(
     stem = name or model_dir.name
     with exclusive_output(out, "the quantized targets"):
         out.mkdir(parents=True, exist_ok=True)
-        f16 = _run_into(lambda tmp: convert(tree, model_dir, tmp), out / f"{stem}.f16.gguf", log)
+        f16 = _run_into(lambda tmp: convert(tree, model_dir, tmp), out / f"{stem}.f16.gguf", log,
+                        env=converter_env(tree))  # fmt: skip
         made = {"f16": f16}
         for q in needs_quantize:
             made[q] = _run_into(
