@@ -59,6 +59,15 @@ def parse(argv=None):
     )
     ap.add_argument("--ours", default=None, help="eval/benchmark.py results.json to set beside")
     ap.add_argument("--server-bin", default=None, help="a native llama-server instead of xllamacpp")
+    ap.add_argument(
+        "--target-quant",
+        default=None,
+        help="e.g. q4_0,q4_k_m,q4_1,q8_0: one run per GGUF of --target in that quant (made "
+        "with llama.cpp's converter and llama-quantize; the embedded target's q4_1 is its "
+        "shipped file), each in OUTPUT/<quant>/, and one table, OUTPUT/quants.md",
+    )
+    ap.add_argument("--quantize-bin", default=None, help="llama-quantize (default: beside "
+                    "--server-bin, else the native build)")  # fmt: skip
     ap.add_argument("--output-dir", default="runs/llama_cpp_bench")
     ap.add_argument("--verbose", action="store_true", help="llama.cpp's own log lines on stderr")
     a = ap.parse_args(argv)
@@ -91,17 +100,95 @@ def write_tuned_readme(a, out: Path, draft_gguf: str, results: dict) -> None:
     write_text_atomic(out / "README.md", text)
 
 
+def run_one(a, datasets: list[str], target_gguf: str, out: Path, draft_gguf: str | None):
+    """One target GGUF: plain, the draft modes, tuning and n-gram; its report in `out`."""
+    from dspark.bench import llama_cpp_report as rep
+    from dspark.bench.llama_cpp import EngineSettings, Mode
+    from dspark.target import load_tokenizer
+
+    block_size, has_conf = rep.draft_gguf_shape(draft_gguf) if draft_gguf else (7, False)
+    settings = EngineSettings(
+        target_gguf, draft_gguf, threads=a.threads, server_bin=a.server_bin, verbose=a.verbose
+    )
+    results = rep.bench(
+        settings,
+        tokenizer=load_tokenizer(a.target),
+        datasets=datasets,
+        bench_dir=a.bench_dir,
+        num_prompts=a.num_prompts,
+        max_new_tokens=a.max_new_tokens,
+        draft_modes=[Mode("draft-dspark", n, a.p_min) for n in a.n_max],
+        ngram_n_max=a.ngram_n_max or None,
+        block_size=block_size,
+        has_confidence=has_conf,
+        tune_prompts=a.tune_prompts,
+        tune_how=a.tune,
+        draft_dir=a.draft,
+        target_spec=a.target,
+        ours=rep.load_ours(a.ours),
+    )
+    report = rep.write(results, out)
+    if a.draft and results.get("tuning"):  # the GGUF written here gets its tuned README
+        write_tuned_readme(a, out, draft_gguf, results)
+    return results, report
+
+
+def run_quants(a, datasets: list[str], out: Path, draft_gguf: str | None) -> Path:
+    """`--target-quant`: `run_one` per quant, then the table across them (quants.md)."""
+    from dspark.bench import llama_cpp_quants as lq
+    from dspark.bench import llama_cpp_report as rep
+    from dspark.bench.target_quants import make_quants, parse_quants
+    from dspark.export.gguf import default_llama_cpp_dir
+    from dspark.fileio import dumps_strict, write_text_atomic
+    from dspark.paths import cache_root
+    from dspark.target import load_tokenizer, resolve_target
+
+    quants = parse_quants(a.target_quant)
+    need = [q for q in quants if not (a.target == "embedded" and q == "q4_1")]
+    made = {}
+    if need:
+        tree = default_llama_cpp_dir()
+        qbin = (
+            a.quantize_bin
+            or (Path(a.server_bin).parent if a.server_bin else tree.parent / "build-native" / "bin")
+            / "llama-quantize"
+        )
+        model_dir = Path(resolve_target(a.target))
+        made = make_quants(model_dir, cache_root() / "targets" / "gguf" / model_dir.name, need,
+                           tree=tree, quantize_bin=qbin, threads=a.threads)  # fmt: skip
+    by_quant = {}
+    for q in quants:
+        print(f"== target {q}", flush=True)
+        by_quant[q], _ = run_one(a, datasets, lq.target_gguf_for(q, a.target, made), out / q,
+                                 draft_gguf)  # fmt: skip
+    tok = load_tokenizer(a.target)
+    ids = rep.prompt_sets(tok, datasets, a.bench_dir, 0, a.num_prompts)
+    reference = lq.reference_texts(a.target, ids, a.max_new_tokens, tok)
+    rows = lq.quant_rows(by_quant, reference)
+    conditions = next(iter(by_quant.values()))["conditions"]
+    write_text_atomic(out / "quants.json", dumps_strict({"conditions": conditions,
+                      "quants": quants, "rows": rows}, indent=2) + "\n")  # fmt: skip
+    return write_text_atomic(out / "quants.md", lq.render(rows, conditions))
+
+
 def main(argv=None) -> None:
     with user_errors("llama_cpp_bench"):
         a = parse(argv)
-        from dspark.bench import llama_cpp_report as rep
-        from dspark.bench.llama_cpp import EngineSettings, Mode
         from dspark.eval.prompts import check_datasets
-        from dspark.target import load_tokenizer
 
         datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
         check_datasets(datasets, a.bench_dir)
         out = Path(a.output_dir)
+        draft_gguf = a.draft_gguf
+        if a.draft:
+            from dspark.export.gguf import write_gguf
+
+            draft_gguf = str(write_gguf(a.draft, out / "draft.gguf", target=a.target,
+                                        outtype=a.draft_outtype, overwrite=True))  # fmt: skip
+        if a.target_quant:
+            report = run_quants(a, datasets, out, draft_gguf)
+            print(report.read_text())
+            return
         target_gguf = a.target_gguf
         if target_gguf is None:
             if a.target != "embedded":
@@ -109,37 +196,7 @@ def main(argv=None) -> None:
             from dspark.target.prepare import GGUF_FILE, gguf_location
 
             target_gguf = str(gguf_location() / GGUF_FILE)
-        block_size, has_conf, draft_gguf = 7, False, a.draft_gguf
-        if a.draft:
-            from dspark.export.gguf import write_gguf
-
-            draft_gguf = str(write_gguf(a.draft, out / "draft.gguf", target=a.target,
-                                        outtype=a.draft_outtype, overwrite=True))  # fmt: skip
-        if draft_gguf:
-            block_size, has_conf = rep.draft_gguf_shape(draft_gguf)
-        settings = EngineSettings(
-            target_gguf, draft_gguf, threads=a.threads, server_bin=a.server_bin, verbose=a.verbose
-        )
-        results = rep.bench(
-            settings,
-            tokenizer=load_tokenizer(a.target),
-            datasets=datasets,
-            bench_dir=a.bench_dir,
-            num_prompts=a.num_prompts,
-            max_new_tokens=a.max_new_tokens,
-            draft_modes=[Mode("draft-dspark", n, a.p_min) for n in a.n_max],
-            ngram_n_max=a.ngram_n_max or None,
-            block_size=block_size,
-            has_confidence=has_conf,
-            tune_prompts=a.tune_prompts,
-            tune_how=a.tune,
-            draft_dir=a.draft,
-            target_spec=a.target,
-            ours=rep.load_ours(a.ours),
-        )
-        report = rep.write(results, out)
-        if a.draft and results.get("tuning"):  # the GGUF written here gets its tuned README
-            write_tuned_readme(a, out, draft_gguf, results)
+        _, report = run_one(a, datasets, target_gguf, out, draft_gguf)
     print(report.read_text())
     print(f"results: {out / 'results.json'}")
 

@@ -143,6 +143,10 @@ def bench(
         name: [r.summary(by_mode["plain"]) for r in by_mode.values()]
         for name, by_mode in runs.items()
     }
+    # what the quantization changes, against the bundled target's greedy text (llama_cpp_quants)
+    results["plain_texts"] = {
+        name: [c.text for c in by_mode["plain"].completions] for name, by_mode in runs.items()
+    }
     best_dspark = (results["tuning"] or {}).get("best")
     tuned = (
         Mode("draft-dspark", best_dspark["n_max"], best_dspark["p_min"]) if best_dspark else None

