@@ -36,28 +36,52 @@ class RoundCost:
     base_ms: float
     per_slot_ms: float
     per_draft_ms: float
+    # measured target passes `{n tokens: ms}` (llama_cpp_curve.py): where given, a round's
+    # verify work beyond its one-token step is `V(1 + drafted) - V(1)` (interpolated), in
+    # place of `per_draft_ms * drafted`
+    verify_ms: dict[int, float] | None = None
+
+    def extra_verify_ms(self, drafted: float) -> float:
+        if not self.verify_ms:
+            return self.per_draft_ms * drafted
+        ns = sorted(self.verify_ms)
+        v = np.interp(1 + drafted, ns, [self.verify_ms[n] for n in ns])
+        return float(v - np.interp(1, ns, [self.verify_ms[n] for n in ns]))
 
     def round_ms(self, n_max: float, drafted: float) -> float:
         return (
             self.plain_step_ms
             + self.base_ms
             + self.per_slot_ms * n_max
-            + self.per_draft_ms * drafted
+            + self.extra_verify_ms(drafted)
         )
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["verify_ms"] is None:  # priced linearly: the three fitted coefficients say it all
+            del d["verify_ms"]
+        return d
 
 
-def fit_round_cost(rows: list[dict], plain_step_ms: float) -> RoundCost:
+def fit_round_cost(
+    rows: list[dict], plain_step_ms: float, verify_ms: dict[int, float] | None = None
+) -> RoundCost:
     """`rows`: measured draft-dspark modes, each with `n_max`, `rounds`, `drafted` and
     `decode_ms` (over all its requests). Non-negative least squares on the three unknowns
-    (an active set: a coefficient the unconstrained fit makes negative is fixed at 0)."""
+    (an active set: a coefficient the unconstrained fit makes negative is fixed at 0). With a
+    measured verify curve `verify_ms`, its part is taken off each row and only the draft's
+    work (`base`, `per_slot`) is fitted: each row's drafts spread evenly over its rounds."""
     if not rows:
         raise ValueError("fitting llama.cpp's round cost needs at least one measured draft mode")
     a = np.array([[r["rounds"], r["rounds"] * r["n_max"], r["drafted"]] for r in rows], float)
     b = np.array([r["decode_ms"] - r["rounds"] * plain_step_ms for r in rows], float)
     free = [0, 1, 2]
+    if verify_ms:
+        curve = RoundCost(plain_step_ms, 0.0, 0.0, 0.0, dict(verify_ms))
+        b -= np.array(
+            [r["rounds"] * curve.extra_verify_ms(r["drafted"] / max(r["rounds"], 1)) for r in rows]
+        )
+        free = [0, 1]
     coef = np.zeros(3)
     while free:
         sol, *_ = np.linalg.lstsq(a[:, free], b, rcond=None)
@@ -66,7 +90,8 @@ def fit_round_cost(rows: list[dict], plain_step_ms: float) -> RoundCost:
             coef[free] = sol
             break
         free.pop(int(np.argmin(sol)))  # the most negative leaves the fit
-    return RoundCost(float(plain_step_ms), *(float(x) for x in coef))
+    return RoundCost(float(plain_step_ms), *(float(x) for x in coef),
+                     verify_ms=dict(verify_ms) if verify_ms else None)  # fmt: skip
 
 
 def calibrated_survival(conf: np.ndarray, temperatures) -> np.ndarray:

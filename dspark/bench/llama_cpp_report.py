@@ -22,6 +22,7 @@ from dspark.bench.llama_cpp import (
     run_modes,
     server_args,
 )
+from dspark.bench.llama_cpp_curve import measure_curve, relative
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_name
 
@@ -52,6 +53,20 @@ def tune_modes(block_size: int, has_confidence: bool, how: str) -> list[Mode]:
     return [Mode("draft-dspark", n, p) for n in range(1, block_size) for p in p_grid]
 
 
+def verify_curve(settings, block_size: int, progress) -> dict[int, float] | None:
+    """The target's pass costs for 1..block_size tokens from the `llama-bench` built beside a
+    native `llama-server` (llama_cpp_curve.py); None without one (the fit then prices verify
+    work linearly)."""
+    if not getattr(settings, "server_bin", None):  # xllamacpp, or a simulated engine
+        return None
+    bench_bin = Path(settings.server_bin).parent / "llama-bench"
+    if not bench_bin.is_file():
+        return None
+    curve = measure_curve(bench_bin, settings.target_gguf, settings.threads, max_n=block_size)
+    progress(f"verify curve (single-token passes): {relative(curve)}")
+    return curve
+
+
 def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_tokens, progress,
          how: str = "grid", rounds=None):  # fmt: skip
     """Measure `tune_modes` on `prompts` (pooled over their sets); the fastest measured mode, or
@@ -78,7 +93,9 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
     if rounds is not None:
         from dspark.bench import llama_cpp_flags as flags
 
-        cost = flags.fit_round_cost(grid, 1e3 * plain.seconds / plain.tokens)
+        curve = verify_curve(settings, block_size, progress)
+        out["verify_curve_ms"] = curve
+        cost = flags.fit_round_cost(grid, 1e3 * plain.seconds / plain.tokens, curve)
         conf, surv = rounds["conf"], rounds["survival"]
         for g in grid:
             g["predicted"] = flags.predict(cost, conf, surv, g["n_max"], g["p_min"])
