@@ -61,3 +61,25 @@ def test_the_embedded_q4_1_is_its_shipped_file(tmp_path):
         from dspark.target.prepare import GGUF_FILE
 
         assert target_gguf_for("q4_1", "embedded", {}).endswith(GGUF_FILE)
+
+
+def _sets(*rows_per_set):
+    return {"datasets": {f"s{i}": list(rows) for i, rows in enumerate(rows_per_set)}}
+
+
+def test_the_report_recommends_what_pays_with_the_numbers():
+    from dspark.bench.llama_cpp_report import recommendation
+
+    plain = _row("none", 0, 100.0)
+    losing = _sets(
+        [plain, _row("draft-dspark", 1, 80.0, 0.80, 1.4, 1.75), _row("ngram-mod", 4, 0, 1.05)],
+        [plain, _row("draft-dspark", 1, 90.0, 0.90, 1.6, 1.75), _row("ngram-mod", 4, 0, 0.99)],
+    )
+    rec = recommendation(losing)
+    assert rec["serve"] == "ngram-mod-4" and rec["best_dspark"] == "draft-dspark-1"
+    assert rec["tau"] == pytest.approx(1.5) and rec["break_even_tau"] == pytest.approx(1.75)
+    assert "tau 1.50" in rec["why"] and "1.75 plain steps" in rec["why"]
+    nothing = _sets([plain, _row("draft-dspark", 2, 50.0, 0.5, 1.2, 2.0)])
+    assert recommendation(nothing)["serve"] == "plain"
+    paying = _sets([plain, _row("draft-dspark", 2, 120.0, 1.2, 2.5, 2.0)])
+    assert recommendation(paying)["serve"] == "draft-dspark-2"

@@ -233,6 +233,45 @@ def fastest(results: dict) -> dict[str, list[tuple[str, float]]]:
     return out
 
 
+def recommendation(results: dict) -> dict:
+    """What to serve with on this machine: the draft-dspark mode with the best mean speedup
+    over the sets when it beats plain decoding; else n-gram speculation when that does, else
+    plain decoding, with the numbers that say why (the draft's tau against the tau its round
+    needs to break even, which is what a better draft must reach)."""
+
+    def mean(rows_by_set, name, key):
+        vals = [r.get(key) for rows in rows_by_set for r in rows if r["name"] == name]
+        vals = [v for v in vals if v is not None]
+        return sum(vals) / len(vals) if len(vals) == len(rows_by_set) and vals else None
+
+    sets = list(results["datasets"].values())
+    names = {r["name"]: r["mode"]["spec"] for rows in sets for r in rows}
+    scored = {n: mean(sets, n, "speedup_vs_plain") for n, spec in names.items() if spec != "none"}
+    dspark = [n for n in scored if names[n] == "draft-dspark" and scored[n] is not None]
+    ngram = [n for n in scored if names[n] == "ngram-mod" and scored[n] is not None]
+    best = max(dspark, key=lambda n: scored[n] or 0.0) if dspark else None
+    out: dict = {"best_dspark": best, "best_dspark_speedup": scored.get(best) if best else None}
+    if best:
+        out["tau"] = mean(sets, best, "tau")
+        out["break_even_tau"] = mean(sets, best, "break_even_tau")
+    top_ngram = max(ngram, key=lambda n: scored[n] or 0.0) if ngram else None
+    if best and (scored[best] or 0.0) > 1.0:
+        out["serve"] = best
+        out["why"] = f"{best} is {scored[best]:.2f}x plain decoding (mean over the sets)"
+    elif top_ngram and (scored[top_ngram] or 0.0) > 1.0:
+        out["serve"] = top_ngram
+        out["why"] = f"{top_ngram} is {scored[top_ngram]:.2f}x plain decoding; the draft loses"
+    else:
+        out["serve"] = "plain"
+        out["why"] = "no speculative mode beat plain decoding here"
+    if best and out["serve"] != best and out.get("tau") and out.get("break_even_tau"):
+        out["why"] += (
+            f": the draft's best mode ({best}) reaches tau {out['tau']:.2f}, and its round costs "
+            f"{out['break_even_tau']:.2f} plain steps, the tau it needs to break even"
+        )
+    return out
+
+
 def _f(x, d: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{d}f}"
 
@@ -253,6 +292,8 @@ def render_markdown(results: dict, png: str | None) -> str:
     ]
     if c.get("llama_cpp_system_info"):
         lines += [f"llama.cpp CPU features: `{c['llama_cpp_system_info']}`", ""]
+    rec = recommendation(results)
+    lines += [f"**Serve with: {rec['serve']}** ({rec['why']}).", ""]
     lines += ["Fastest on this machine, per set (every engine and setting measured here):", ""]
     for name, ways in fastest(results).items():
         top = ", ".join(f"{w} {t:.1f} tok/s" for w, t in ways[:3])
@@ -378,6 +419,7 @@ def plot(results: dict, path: Path) -> Path:
 def write(results: dict, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     png = plot(results, out_dir / "llama_cpp_tokens_per_s.png")
+    results["recommendation"] = recommendation(results)
     write_text_atomic(out_dir / "results.json", dumps_strict(results, indent=2) + "\n")
     md = render_markdown(results, png.name)
     write_text_atomic(out_dir / "report.md", md)
