@@ -56,6 +56,7 @@ class EngineSettings:
     ctx: int = 4096
     server_bin: str | None = None  # a native llama-server; None: xllamacpp in process
     verbose: bool = False  # llama.cpp's own log lines (model loading, each request) on stderr
+    parallel: int = 1  # server slots (`-np`): requests decoded together; ctx is split among them
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Completion:
 
 def server_args(settings: EngineSettings, mode: Mode) -> list[str]:
     """`llama-server` flags for `mode` (also what the export's README prints)."""
-    args = ["-m", settings.target_gguf, "-c", str(settings.ctx), "-np", "1"]
+    args = ["-m", settings.target_gguf, "-c", str(settings.ctx), "-np", str(settings.parallel)]
     args += ["-t", str(settings.threads), "-tb", str(settings.threads)]
     if mode.spec == "draft-dspark":
         args += ["--spec-type", "draft-dspark", "-md", str(settings.draft_gguf)]
