@@ -23,7 +23,8 @@ from dspark.errors import MissingPackageError, MissingPathError
 from dspark.locking import CACHE_WAIT_S, exclusive_output
 from dspark.machine import cpu_flags
 
-TARGETS = ("llama-server", "llama-bench", "llama-quantize")  # quantize: targets in users' quants
+# llama-quantize: targets in users' quants; rpc-server: a draft on another node (eval/rpc_draft.py)
+TARGETS = ("llama-server", "llama-bench", "llama-quantize", "rpc-server")
 # /proc/cpuinfo flag -> the ggml option that compiles for it (x86-64)
 X86_FEATURES = (
     ("avx", "GGML_AVX"),
@@ -43,6 +44,7 @@ COMMON_ARGS = (
     "-DLLAMA_OPENSSL=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DGGML_RPC=ON",  # ggml's RPC backend: a model (the draft) placed on a remote node
 )
 
 
