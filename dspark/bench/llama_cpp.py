@@ -57,6 +57,7 @@ class EngineSettings:
     server_bin: str | None = None  # a native llama-server; None: xllamacpp in process
     verbose: bool = False  # llama.cpp's own log lines (model loading, each request) on stderr
     parallel: int = 1  # server slots (`-np`): requests decoded together; ctx is split among them
+    extra_args: tuple[str, ...] = ()  # more llama-server flags (e.g. the draft on an RPC node)
 
 
 @dataclass
@@ -79,7 +80,7 @@ def server_args(settings: EngineSettings, mode: Mode) -> list[str]:
         args += ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", str(mode.n_max)]
         # llama.cpp's n_min default (48) above a smaller n_max would never draft
         args += ["--spec-ngram-mod-n-min", str(min(NGRAM_MOD_N_MIN, mode.n_max))]
-    return args
+    return args + list(settings.extra_args)
 
 
 def _request(prompt: list[int], max_new_tokens: int) -> dict:
