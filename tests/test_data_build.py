@@ -83,3 +83,10 @@ def test_stop_after_is_a_bounded_step_and_grow_adds_rows(tmp_path, lone):
     grow = [*ARGS, "--grow", "8", "--output", str(out)]
     assert regenerate_main(grow) == 0
     assert _rows(out) == lone and _summary(out)["rows_total"] == 24
+    # a smaller point cut from the build: its first rows
+    import datasets
+
+    cut = tmp_path / "first5"
+    assert tokenize_main(["--target", "tiny-qwen3", "--input", str(out / "regenerated.jsonl"),
+                          "--output", str(cut), "--limit", "5"]) == 0  # fmt: skip
+    assert datasets.load_from_disk(str(cut))["index"] == [r["index"] for r in lone[:5]]

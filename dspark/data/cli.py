@@ -360,6 +360,7 @@ def tokenize_main(argv=None) -> int:
         action="store_true",
         help="tokenize an unfinished regeneration's rows done so far (refused otherwise)",
     )
+    p.add_argument("--limit", type=int, default=None, help="the first N rows of the input(s)")
     _tokenize_args(p)
     a = p.parse_args(argv)
     if a.max_length < 1:
@@ -374,6 +375,7 @@ def tokenize_main(argv=None) -> int:
         method=a.mask_method,
         chat_template_kwargs=a.chat_template_kwargs,
         partial=a.partial,
+        limit=a.limit,
     )
     _print_tokenized(stats, a.output)
     return 0

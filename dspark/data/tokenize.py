@@ -235,13 +235,15 @@ def tokenize_file(
     chat_template_kwargs=None,
     tokenizer=None,
     partial: bool = False,
+    limit: int | None = None,
 ) -> dict:
     """Tokenize a regenerated JSONL (or any prompt source whose rows have assistant turns).
 
     `input_path` may join several sources with commas: their rows are tokenized into one set,
     in that order (one set is what a feature cache and `data.features` take). A regeneration
     that is unfinished (its `summary.json` says so: under way, killed, or stopped by
-    `--stop-after`) or being written is refused, unless `partial` takes the rows done so far."""
+    `--stop-after`) or being written is refused, unless `partial` takes the rows done so far.
+    `limit`: the first rows only (a point of a data-size curve cut from a larger build)."""
     sources = [p.strip() for p in str(input_path).split(",") if p.strip()]
     if not sources:
         raise BadInputError(f"--input {input_path!r} names no source")
@@ -256,7 +258,7 @@ def tokenize_file(
         from dspark.target import load_tokenizer
 
         tokenizer = load_tokenizer(target)
-    rows = [row for ps in sets for row in ps.rows]
+    rows = [row for ps in sets for row in ps.rows][:limit]
     ds, stats = tokenize_rows(
         rows,
         tokenizer,

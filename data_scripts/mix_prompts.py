@@ -1,0 +1,58 @@
+"""One prompt file from several sources, proportional at every prefix (dspark/data/prompts/mix.py):
+answer it in order with regenerate.py (--grow / --stop-after for a long build in steps), and the
+first N answered rows are the same mix at any N, the points of a data-size curve.
+
+    python data_scripts/mix_prompts.py --output mix.jsonl \
+        --source chat=runs/magpie/prompts.jsonl:3 --source math=gsm8k-train:2 \
+        --source code=runs/magpie_code/prompts.jsonl:1:5000
+
+`--source NAME=SPEC:WEIGHT[:LIMIT]`: SPEC is anything `regenerate.py --input` reads (a named
+set, a file, a hub dataset); LIMIT its first rows. Rows keep their user turns and say where
+they came from (`source`, `source_row`).
+"""
+
+import argparse
+import json
+
+from dspark.data.prompts.mix import interleave
+from dspark.data.prompts.sources import load_prompts
+from dspark.errors import BadInputError, user_errors
+from dspark.fileio import write_text_atomic
+from dspark.locking import exclusive_output
+
+
+def parse_source(text: str) -> tuple[str, str, float, int | None]:
+    name, sep, rest = text.partition("=")
+    parts = rest.rsplit(":", 2) if rest.count(":") >= 2 and rest.rsplit(":", 2)[-1].isdigit() \
+        else rest.rsplit(":", 1)  # fmt: skip
+    try:
+        weight = float(parts[1])
+        limit = int(parts[2]) if len(parts) > 2 else None
+    except (IndexError, ValueError):
+        weight, limit = -1.0, None
+    if not sep or not name or weight <= 0:
+        raise BadInputError(f"--source {text!r}: expected NAME=SPEC:WEIGHT[:LIMIT], e.g. "
+                            "math=gsm8k-train:2 (a positive weight)")  # fmt: skip
+    return name, parts[0], weight, limit
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--source", action="append", required=True, help="NAME=SPEC:WEIGHT[:LIMIT]")
+    ap.add_argument("--output", required=True, help="the mixed JSONL")
+    a = ap.parse_args()
+    with user_errors("mix_prompts"):
+        specs = [parse_source(s) for s in a.source]
+        sources = []
+        for name, spec, weight, limit in specs:
+            rows = load_prompts(spec, limit=limit).rows
+            turns = [{"turns": [m["content"] for m in r["messages"] if m["role"] == "user"],
+                      "source": name, "source_row": r["index"]} for r in rows]  # fmt: skip
+            sources.append((name, turns, weight))
+            print(f"{name}: {len(turns)} rows from {spec} (weight {weight:g})")
+        with exclusive_output(a.output, "the prompt mix"):
+            mix = interleave(sources)
+            text = "".join(json.dumps({k: v for k, v in r.items() if not k.startswith("mix_")},
+                                      ensure_ascii=False) + "\n" for r in mix)  # fmt: skip
+            write_text_atomic(a.output, text)
+        print(f"{len(mix)} rows -> {a.output}")
