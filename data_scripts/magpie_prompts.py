@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dspark.data.cli import EXIT_UNFINISHED
 from dspark.errors import BadInputError, user_errors
 
 
@@ -48,6 +49,14 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--near-threshold", type=float, default=0.7, help="word 5-gram Jaccard")
     p.add_argument("--language", default=None, choices=("en",), help="keep English only")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda if any)")
+    p.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help=f"stop at the first chunk boundary past this many minutes, exit {EXIT_UNFINISHED}; "
+        "rerun the same command to continue",
+    )
     p.add_argument(
         "--dtype",
         default=None,
@@ -131,7 +140,7 @@ def main(argv=None) -> int:
             language=a.language,
             near_threshold=a.near_threshold,
         )
-        generate_prompts(
+        summary = generate_prompts(
             backend,
             tok,
             a.output,
@@ -144,8 +153,9 @@ def main(argv=None) -> int:
             bench=bench,
             bench_dir=str(bench_dir) if bench_dir else None,
             log=None if a.quiet else print,
+            stop_after_s=None if a.stop_after is None else 60 * a.stop_after,
         )
-    return 0
+    return 0 if summary["complete"] else EXIT_UNFINISHED
 
 
 if __name__ == "__main__":

@@ -413,3 +413,19 @@ def test_script_runs_and_refuses_bad_input(tiny_target_dir, tmp_path, capsys):
     assert "is a file" in error_line(
         capsys, ["--target", "tiny-qwen3", "--num", "1", "--output", str(tmp_path / "file")]
     )
+
+
+def test_stop_after_is_a_bounded_step_and_a_rerun_continues(tiny_target, tmp_path):
+    model, tok = tiny_target("qwen3")
+    kw = dict(num=10, target="tiny-qwen3", sampling=SAMPLE, chunk_rows=4, log=None)
+    whole = tmp_path / "whole"
+    assert generate_prompts(backend_of(model, tok), tok, whole, **kw)["complete"] is True
+    step = tmp_path / "step"
+    first = generate_prompts(backend_of(model, tok), tok, step, stop_after_s=0.0, **kw)
+    assert first["complete"] is False and first["generated"] == 4  # one chunk, then it stops
+    while not (s := generate_prompts(backend_of(model, tok), tok, step, stop_after_s=0.0, **kw))[
+        "complete"
+    ]:
+        pass
+    assert s["generated"] == 10
+    assert (step / SAMPLES).read_text() == (whole / SAMPLES).read_text()

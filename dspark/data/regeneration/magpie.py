@@ -321,8 +321,11 @@ def generate_prompts(
     bench: BenchOverlap | None = None,
     bench_dir: str | None = None,
     log=print,
+    stop_after_s: float | None = None,
 ) -> dict:
-    """Sample rows 0..num-1 (those not yet in `samples.jsonl`), then rebuild the prompt set."""
+    """Sample rows 0..num-1 (those not yet in `samples.jsonl`), then rebuild the prompt set.
+    `stop_after_s`: stop at the first chunk boundary past that many seconds (the summary's
+    `complete` is then false; a rerun continues)."""
     if num < 1 or chunk_rows < 1:
         raise BadInputError(f"--num {num} / chunk rows {chunk_rows}: must be >= 1")
     filters = filters or Filters()
@@ -355,6 +358,8 @@ def generate_prompts(
             new += len(good)
             if log:
                 log(f"magpie: {len(done)}/{num} sampled")
+            if stop_after_s is not None and time.monotonic() - t0 >= stop_after_s:
+                break
     provenance = {"source": f"magpie:{target}", "run_seed": sampling.seed, "sampling": sampled}
     sel = select_prompts([r for i, r in done.items() if i < num], pre, filters, bench, provenance)
     write_text_atomic(out / PROMPTS, _jsonl(sel.kept))
@@ -364,6 +369,7 @@ def generate_prompts(
         "num": num,
         "generated": sum(1 for i in done if i < num),
         "generated_this_run": new,
+        "complete": sum(1 for i in done if i < num) + failed >= num,
         "failed_this_run": failed,
         "kept": len(sel.kept),
         "rejected": dict(sorted(sel.counts.items())),
