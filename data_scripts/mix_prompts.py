@@ -13,6 +13,7 @@ they came from (`source`, `source_row`).
 
 import argparse
 import json
+from pathlib import Path
 
 from dspark.data.prompts.mix import interleave
 from dspark.data.prompts.sources import load_prompts
@@ -54,5 +55,12 @@ if __name__ == "__main__":
             mix = interleave(sources)
             text = "".join(json.dumps({k: v for k, v in r.items() if not k.startswith("mix_")},
                                       ensure_ascii=False) + "\n" for r in mix)  # fmt: skip
+            old = Path(a.output).read_text(encoding="utf-8") if Path(a.output).is_file() else ""
+            if not text.startswith(old):  # rows a build answered by number would change
+                raise BadInputError(
+                    f"{a.output} holds another mix, and the rows a regeneration answered by "
+                    "their number would change under it. A mix may only grow at its end (the "
+                    "same sources and weights, sources longer); write a new --output instead"
+                )
             write_text_atomic(a.output, text)
         print(f"{len(mix)} rows -> {a.output}")

@@ -258,7 +258,14 @@ def tokenize_file(
         from dspark.target import load_tokenizer
 
         tokenizer = load_tokenizer(target)
-    rows = [row for ps in sets for row in ps.rows][:limit]
+    rows = [row for ps in sets for row in ps.rows]
+    if limit is not None:
+        if len(rows) < limit:
+            raise BadInputError(
+                f"--limit {limit}: {input_path} holds {len(rows)} rows; answer more of it first "
+                "(rerun its regenerate.py command, or --grow)"
+            )
+        rows = rows[:limit]
     ds, stats = tokenize_rows(
         rows,
         tokenizer,
