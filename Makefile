@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup quickstart llama-server smollm2 smollm2-draft ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-point ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -149,6 +149,53 @@ smollm2: smollm2-draft
 		num_prompts=$(SM_BENCH_PROMPTS) dtype=$(QS_BENCH_DTYPE) verify_length=$(QS_VERIFY_LENGTH) \
 		baseline_dtypes=$(QS_BASELINE_DTYPES) baseline_probe_margin=$(QS_BASELINE_MARGIN) \
 		baselines.run=[] output_dir=runs/smollm2/benchmark
+
+# More data for the SmolLM2 draft, and the tau-versus-data curve (docs/results.md, "Data
+# scale"). One mix of prompts, proportional at every prefix (target-written chat and code,
+# GSM8K-train, self-instruct, the embedded set), answered in order under $DSPARK_CACHE in steps
+# of at most LARGE_STEP_MIN minutes: rerun `make smollm2-large-data` until it exits 0 (each
+# step that stops with work left exits 75). Any first N answered rows are the same mix, so each
+# curve point is cut from this one build: `make smollm2-point N=1500`, then eval/data_curve.py.
+DATA_CACHE := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/data
+LARGE := $(DATA_CACHE)/smollm2-large
+LARGE_CHAT_SAMPLES ?= 24000
+LARGE_CODE_SAMPLES ?= 8000
+LARGE_STEP_MIN ?= 30
+LARGE_CODE_SYSTEM ?= You are an expert programmer. Users ask you to write, explain, test or fix code.
+LARGE_MAGPIE := $(PY) data_scripts/magpie_prompts.py --target embedded --dtype $(QS_DTYPE) \
+	--stop-after $(LARGE_STEP_MIN) --quiet
+smollm2-large-data: setup
+	$(PY) data_scripts/prepare_target.py
+	$(LARGE_MAGPIE) --num $(LARGE_CHAT_SAMPLES) --output $(LARGE)/magpie_chat
+	$(LARGE_MAGPIE) --num $(LARGE_CODE_SAMPLES) --system-prompt "$(LARGE_CODE_SYSTEM)" \
+		--output $(LARGE)/magpie_code
+	$(PY) data_scripts/mix_prompts.py --output $(LARGE)/mix.jsonl \
+		--source chat=$(LARGE)/magpie_chat/prompts.jsonl:5 \
+		--source code=$(LARGE)/magpie_code/prompts.jsonl:2 \
+		--source math=gsm8k-train:2 --source instructions=self-instruct-seed:1 \
+		--source embedded=embedded:1
+	$(SM_REGEN) --input $(LARGE)/mix.jsonl --output $(LARGE)/answers --stop-after $(LARGE_STEP_MIN)
+	$(SM_REGEN) --input embedded --split test --limit 48 --output $(LARGE)/embedded_test
+	$(CACHE) --data $(LARGE)/embedded_test/tokenized --output $(LARGE)/embedded_test/features
+
+# One point of the curve: the first N answered conversations, the SmolLM2 recipe's shape and
+# epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS).
+N ?= 1500
+CURVE_PROMPTS ?= 16
+CURVE := runs/curve
+POINT := $(LARGE)/points/n$(N)
+smollm2-point: setup
+	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --partial \
+		--input $(LARGE)/answers/regenerated.jsonl --limit $(N) --output $(POINT)/tokenized
+	$(CACHE) --data $(POINT)/tokenized --output $(POINT)/features
+	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no \
+		--dynamo_backend no train/distill.py recipe=smollm2 data.train=$(POINT)/tokenized \
+		data.features=$(POINT)/features data.eval=$(LARGE)/embedded_test/tokenized \
+		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$(N)
+	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft \
+		datasets=[gsm8k,humaneval,mt-bench,mbpp,math500] num_prompts=$(CURVE_PROMPTS) \
+		max_new_tokens=128 baselines.run=[] output_dir=$(CURVE)/n$(N)/benchmark
+	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers
 
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
 ABL := $(PY) train/distill.py recipe=ablation tracking=none

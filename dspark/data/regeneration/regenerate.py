@@ -29,11 +29,14 @@ import sys
 import time
 from typing import Any
 
+import torch
+
 from dspark.data.regeneration.run_files import (
     FAILURES,
     OUTPUT,
     REJECTED,
     RUN,
+    RUNS,
     SUMMARY,
     check_output,
     repair_and_read,
@@ -147,6 +150,8 @@ def regenerate(
         complete=stats["rows_done"] + stats["rows_failed"] == len(todo),
     )
     write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")
+    with open(out / RUNS, "a", encoding="utf-8") as f:  # every run's cost: a build's CPU-hours
+        f.write(json.dumps({**stats, "threads": torch.get_num_threads()}) + "\n")
     if log:
         log(
             f"regenerate: {stats['rows_done']} rows done, {stats['rows_failed']} failed, "

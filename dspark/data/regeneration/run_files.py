@@ -22,6 +22,7 @@ FAILURES = "failures.jsonl"
 REJECTED = "rejected.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
+RUNS = "runs.jsonl"  # one line per run (a build in steps): its counters, seconds and threads
 
 
 def repair_and_read(path: Path) -> set[int]:
@@ -128,7 +129,7 @@ def check_output(out: str | os.PathLike, settings: dict | None = None) -> Path:
     old = read_run(path) if path.is_dir() else None
     if old is None:
         refuse_foreign(
-            path, (OUTPUT, FAILURES, REJECTED, SUMMARY), marker=RUN, what="a regeneration"
+            path, (OUTPUT, FAILURES, REJECTED, SUMMARY, RUNS), marker=RUN, what="a regeneration"
         )
     elif settings is not None:
         diff = _differences(old, settings)

@@ -1,0 +1,57 @@
+"""The tau-versus-data report from point run directories written by hand: the table, the data
+CPU-hours prorated from a build's runs.jsonl, and the last doubling's gain."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location(
+    "data_curve", Path(__file__).resolve().parents[1] / "eval" / "data_curve.py"
+)
+data_curve = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(data_curve)
+
+
+def _point(root: Path, n: int, held: float, taus: dict, train_s: float):
+    run = root / f"n{n}"
+    (run / "benchmark").mkdir(parents=True)
+    (run / "results.json").write_text(
+        json.dumps(
+            {"steps": n // 10, "final_eval": {"eval/tau_greedy": held}, "train_seconds": train_s}
+        )
+    )
+    (run / "benchmark" / "results.json").write_text(json.dumps(
+        {"datasets": {k: {"acceptance": {"tau": v}} for k, v in taus.items()}}))  # fmt: skip
+
+
+def test_the_curve_from_its_points(tmp_path):
+    _point(tmp_path, 1500, 1.80, {"gsm8k": 2.0, "mt-bench": 1.3}, 3600.0)
+    _point(tmp_path, 6000, 2.10, {"gsm8k": 2.5, "mt-bench": 1.5}, 7200.0)
+    _point(tmp_path, 3000, 2.00, {"gsm8k": 2.3, "mt-bench": 1.4}, 5400.0)
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "runs.jsonl").write_text(
+        json.dumps({"rows_done": 4000, "elapsed_s": 3600.0, "threads": 2})
+        + "\n"
+        + json.dumps({"rows_done": 2000, "elapsed_s": 1800.0, "threads": 2})
+        + "\n"
+    )  # 6000 rows in 3 CPU-hours: 0.5 CPU-h per 1000 rows
+    data_curve.main([str(tmp_path), "--build", str(build)])
+    curve = json.loads((tmp_path / "report" / "curve.json").read_text())
+    assert [p["n"] for p in curve["points"]] == [1500, 3000, 6000]
+    assert [p["data_cpu_h"] for p in curve["points"]] == pytest.approx([0.75, 1.5, 3.0])
+    # the last doubling (3000 -> 6000): +0.10 held-out, +0.2 gsm8k, +0.1 mt-bench
+    assert curve["doubling_gain"] == pytest.approx({"held-out": 0.1, "gsm8k": 0.2, "mt-bench": 0.1})
+    md = (tmp_path / "report" / "curve.md").read_text()
+    assert "| 6000 | 600 | 2.100 | 2.50 | 1.50 | 3.00 | 2.00 |" in md
+    assert (tmp_path / "report" / "curve.png").stat().st_size > 0
+
+
+def test_no_point_is_one_error_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        data_curve.main([str(tmp_path)])
+    assert e.value.code == 2 and "make smollm2-point" in capsys.readouterr().err
