@@ -90,7 +90,8 @@ def fit_round_cost(
             coef[free] = sol
             break
         free.pop(int(np.argmin(sol)))  # the most negative leaves the fit
-    return RoundCost(float(plain_step_ms), *(float(x) for x in coef),
+    base, per_slot, per_draft = (float(x) for x in coef)
+    return RoundCost(float(plain_step_ms), base, per_slot, per_draft,
                      verify_ms=dict(verify_ms) if verify_ms else None)  # fmt: skip
 
 

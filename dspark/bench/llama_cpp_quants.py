@@ -118,7 +118,7 @@ def reference_texts(target: str, prompt_ids: dict[str, list[list[int]]], max_new
             texts = []
             for ids in prompts:
                 x = torch.tensor([ids])
-                y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,  # type: ignore[operator]
                                    max_new_tokens=max_new_tokens)  # fmt: skip
                 texts.append(tokenizer.decode(y[0, len(ids) :], skip_special_tokens=True))
             out[name] = texts

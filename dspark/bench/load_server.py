@@ -70,7 +70,8 @@ def stream_completion(url: str, prompt, max_tokens: int, timeout_s: float = 600.
         json.dumps(body).encode(),
         {"Content-Type": "application/json"},
     )
-    start, first, chunks, timings = time.monotonic(), None, 0, {}
+    start, first, chunks = time.monotonic(), None, 0
+    timings: dict = {}
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             for raw in r:

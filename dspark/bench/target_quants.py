@@ -99,10 +99,11 @@ def make_quants(
         f16 = _run_into(lambda tmp: convert(tree, model_dir, tmp), out / f"{stem}.f16.gguf", log,
                         env=converter_env(tree))  # fmt: skip
         made = {"f16": f16}
+        qbin = Path(str(quantize_bin))
         for q in needs_quantize:
-            made[q] = _run_into(
-                lambda tmp, q=q: quantize_command(Path(str(quantize_bin)), f16, tmp, q, threads),
-                out / f"{stem}.{q}.gguf",
-                log,
-            )
+
+            def command(tmp: Path, q: str = q) -> list[str]:
+                return quantize_command(qbin, f16, tmp, q, threads)
+
+            made[q] = _run_into(command, out / f"{stem}.{q}.gguf", log)
     return {q: made[q] for q in quants}
