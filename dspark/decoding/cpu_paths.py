@@ -8,8 +8,8 @@
 Both work on whatever rows the draft's heads have: V, or K for a reduced draft vocabulary
 (draft_vocab.py), whose logits and argmax are then over draft ids (the caller maps them).
 
-`SpeculativeDecoder(..., cpu_fast_paths=False)` (passed on to `TargetRunner` and `propose`)
-turns both off; on (the default) they apply only where their conditions hold (a CPU tensor;
+`DecoderOptions(cpu_fast_paths=False)` (passed on to `TargetRunner` and `propose`) turns
+both off; on (the default) they apply only where their conditions hold (a CPU tensor;
 T = 0 and the reference Markov `step` for the pruner), so other devices run the plain path
 either way. tests/test_decoding.py checks that greedy outputs are identical on and off.
 """
