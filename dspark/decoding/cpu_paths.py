@@ -83,6 +83,10 @@ class GreedyPruner:
             pruner = cls._cache[head] = cls(head)
         return pruner
 
+    def pick(self, u_k, h_k, prev, state):
+        """`step`, shaped as the draft loop's Markov step (draft_step.py): no q at T = 0."""
+        return (*self.step(u_k, h_k, prev, state), None)
+
     def step(self, u_k, h_k, prev, state):
         emb = self.head.markov_w1(prev)
         mixed, state = self.head.mix(h_k, emb.to(h_k.dtype), state)

@@ -1,19 +1,23 @@
 """`SpeculativeDecoder`: DSpark speculative decoding and the plain AR baseline.
 
-One call (`generate`) is a prefill, then rounds until every request is done; a round (see
-docs/method.md sections 1 and 3):
-1. draft (`_draft`): unless the verify policy's draft gate skips this round, one
-   `block_hidden` pass for [anchor, mask x (gamma-1)] over the static context cache, then the
-   serial Markov loop samples x_1..x_gamma and their q (draft_step.py; a reduced draft
-   vocabulary, draft_vocab.py, samples over its K ids and proposes target ids); the verify
-   policy (verify_policy.py: full / threshold / scheduler, decided from the draft alone, so
-   decoding stays lossless) picks how many drafts each request verifies;
-2. verify (`_verify`): one KV-cached target pass over [anchor, x_1..x_L] (target_step.py),
-   lossless acceptance (verify.py), and the pass's tapped features written into the draft
-   context cache at the same positions;
-3. commit (`_commit`): the accepted drafts + 1 target token go to the output (output.py, which
+One call (`generate`) is a prefill, then rounds (`_round`) until every request is done; a
+round (see docs/method.md sections 1 and 3) is propose, verify, accept, advance, with the verify
+policy (verify_policy.py: full / threshold / scheduler, deciding from the draft alone, so
+decoding stays lossless) saying how far to draft and how many drafts each request verifies:
+1. propose (`_propose`): one `block_hidden` pass for [anchor, mask x (gamma-1)] over the
+   static context cache, then the serial Markov loop samples x_1..x_n and their q
+   (draft_step.py; a reduced draft vocabulary, draft_vocab.py, samples over its K ids and
+   proposes target ids); n is the policy's `draft_steps`, 0 on a round its draft gate skips
+   (draft_gate.py: the round is then a plain AR step that still feeds the draft's context);
+2. verify and accept (`_verify`): the policy's `lengths` per request, then one KV-cached target
+   pass over [anchor, x_1..x_L] (target_step.py), lossless acceptance (verify.py), and the
+   pass's tapped features written into the draft context cache at the same positions;
+3. advance (`_commit`): the accepted drafts + 1 target token go to the output (output.py, which
    also records the round), each row's anchor position moves past them (which is all the
    "crop" a position-indexed static cache needs, cache.py), and finished requests leave.
+Device shortcuts sit below the round: the CPU lm_head and T = 0 Markov pruning of
+cpu_paths.py inside `propose` and `TargetRunner`, and row-exact batch-1 verify passes
+(`TargetRunner.row_kv_lens`, row_attention.py).
 
 The AR baseline (`generate_autoregressive`) shares the prefill, the target pass (same
 forward, cache and masks as the verify pass, so it runs at HF `generate` speed and speed-ups
@@ -29,9 +33,9 @@ EOS / budget bookkeeping), plus one more when the policy reads the confidences (
 lengths). The verify pass runs the longest verify length (rows with shorter ones ignore the
 extra drafts). A round pays when the tokens it commits outweigh its cost, a draft round plus
 a verify pass over 1 + L tokens, against one 1-token step per token (eval/cost_model.py).
-`compile=True` wraps the target's layer loop in `torch.compile(dynamic=True)` (checked on
-CPU with a tiny target: identical output; the first compile takes minutes, so it is meant for
-GPUs).
+`DecoderOptions(compile=True)` wraps the target's layer loop in `torch.compile(dynamic=True)`
+(checked on CPU with a tiny target: identical output; the first compile takes minutes, so it is
+meant for GPUs).
 """
 
 from __future__ import annotations
@@ -41,19 +45,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dspark.decoding.cache import (
-    DraftContextCache,
-    TargetKVCache,
-    bucket,
-    right_padded,
-    row_kv_lengths,
-)
+from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket, right_padded
 from dspark.decoding.draft_step import DraftProposal, propose
 from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.live_batch import LiveBatch
 from dspark.decoding.options import DecoderOptions
 from dspark.decoding.output import GenerationOutput
-from dspark.decoding.row_attention import exact_rows_for
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import accept
 from dspark.timing import sync
@@ -77,7 +74,9 @@ class SpeculativeDecoder:
         self.gamma = int(draft.config.block_size) if draft is not None else 0
         self.mask_token_id = int(draft.config.mask_token_id) if draft is not None else 0
         taps = list(draft.config.target_layer_ids) if draft is not None else []
-        self.runner = TargetRunner(target, taps, cpu_fast_paths=options.cpu_fast_paths)
+        self.runner = TargetRunner(
+            target, taps, cpu_fast_paths=options.cpu_fast_paths, exact_rows=options.exact_rows
+        )
         # a reduced draft vocabulary's kept target ids (None: the draft scores all V)
         self.draft_vocab = DraftVocab.of(draft, self.device) if draft is not None else None
         self._target_cache: TargetKVCache | None = None
@@ -87,9 +86,8 @@ class SpeculativeDecoder:
 
     @property
     def exact_rows(self) -> bool:
-        """Whether batch-1 verify passes run row-exact (row_attention.py): as asked, else the
-        default for the target's device and its dtype now."""
-        return exact_rows_for(self.target, self.options.exact_rows, self.options.compile)
+        """Whether batch-1 verify passes run row-exact (`TargetRunner.exact_rows`)."""
+        return self.runner.exact_rows
 
     # ----------------------------------------------------------------- speculative
     @torch.inference_mode()
@@ -105,39 +103,41 @@ class SpeculativeDecoder:
         gen = self._generator(seed)
         out, batch = self._prefill(input_ids, max_new_tokens, eos_token_id, gen, tapped=True)
         while batch:
-            batch.start_round()
-            t_draft = time.perf_counter()
-            # the most drafts a row may verify: one token of its budget goes to the target
-            caps = [min(self.gamma, out.room(b) - 1) for b in batch.requests]
-            prop, verify_len, verified = self._draft(batch, caps, gen)
-            t_verify = self._clock()
-            accepted, nxt, drafts = self._verify(batch, prop, verify_len, max(verified), gen)
-            # the one host sync of the round: accept counts, next tokens, drafts
-            host = torch.cat([accepted[:, None], nxt[:, None], drafts], dim=1).tolist()
-            conf = prop.confidence.tolist() if prop.confidence is not None else None
-            n_acc = [h[0] for h in host]
-            self.policy.observe(conf, verified, n_acc)
-            draft_s = t_verify - t_draft if prop.tokens.shape[1] else 0.0  # 0: skipped
-            verify_s = time.perf_counter() - t_verify
-            out.record_round(batch.requests, draft_s, verify_s, verified, n_acc, conf)
-            self._commit(out, batch, [h[2 : 2 + h[0]] + [h[1]] for h in host], nxt)
+            self._round(out, batch, gen)
         return out.finish()
 
-    def _draft(
-        self, batch: LiveBatch, caps: list[int], gen
-    ) -> tuple[DraftProposal, torch.Tensor, list[int]]:
-        """The round's proposal and the drafts each row verifies (device tensor, host list):
-        nothing on a round the policy's draft gate skips (a plain AR step that still feeds the
-        draft's context)."""
+    def _round(self, out: GenerationOutput, batch: LiveBatch, gen) -> None:
+        """Propose, verify, accept, advance; the policy says how far to draft and how many
+        drafts each row verifies (0 drafted when its draft gate skips the round)."""
+        batch.start_round()
+        t_draft = time.perf_counter()
+        # the most drafts a row may verify: one token of its budget goes to the target
+        caps = self._caps([min(self.gamma, out.room(b) - 1) for b in batch.requests])
+        prop = self._propose(batch, self.policy.draft_steps(caps), gen)
+        verify_len, verified = self.policy.lengths(prop.confidence, prop.capped(caps))
+        t_verify = self._clock()
+        accepted, nxt, drafts = self._verify(batch, prop, verify_len, max(verified), gen)
+        # the one host sync of the round: accept counts, next tokens, drafts
+        host = torch.cat([accepted[:, None], nxt[:, None], drafts], dim=1).tolist()
+        n_acc, conf = [h[0] for h in host], prop.host_confidence()
+        self.policy.observe(conf, verified, n_acc)
+        draft_s = t_verify - t_draft if prop.drafted else 0.0
+        verify_s = time.perf_counter() - t_verify
+        out.record_round(batch.requests, draft_s, verify_s, verified, n_acc, conf)
+        self._commit(out, batch, [h[2 : 2 + h[0]] + [h[1]] for h in host], nxt)
+
+    def _caps(self, caps: list[int]) -> list[int]:
+        """The most drafts each live row may verify this round (the budget's bound, 0..gamma);
+        a subclass may lower them (dspark/eval/capped_decoder.py)."""
+        return caps
+
+    def _propose(self, batch: LiveBatch, steps: int | None, gen) -> DraftProposal:
+        """The draft's first `steps` tokens after each row's anchor (None: the whole block),
+        over the context cache's slots before the anchor (draft_step.py)."""
         assert self.draft is not None and batch.ctx is not None and batch.anchors is not None
-        live = len(batch)
-        caps = self._caps(caps)
-        if not self.policy.should_draft(live, max(caps)):  # it would not pay
-            none = torch.zeros(live, dtype=torch.long, device=self.device)
-            return DraftProposal.nothing(batch.anchors), none, [0] * live
         ctx_len = bucket(max(batch.positions), self.options.bucket, batch.cache.max_len)
         slots = torch.arange(ctx_len, device=self.device)
-        prop = propose(
+        return propose(
             self.draft,
             batch.anchors,
             batch.anchor_pos,
@@ -152,15 +152,8 @@ class SpeculativeDecoder:
             confidence_temperatures=self.policy.confidence_temperatures,
             cpu_fast_paths=self.options.cpu_fast_paths,
             vocab=self.draft_vocab,
-            # a full-block policy verifies exactly the caps: draft no further than the largest
-            steps=max(1, *caps) if self.policy.kind == "full" else None,
+            steps=steps,
         )
-        return (prop, *self.policy.lengths(prop.confidence, caps))
-
-    def _caps(self, caps: list[int]) -> list[int]:
-        """The most drafts each live row may verify this round (the budget's bound, 1..gamma);
-        a subclass may lower them (dspark/eval/capped_decoder.py)."""
-        return caps
 
     def _verify(self, batch: LiveBatch, prop: DraftProposal, verify_len, n_verify: int, gen):
         """One target pass over [anchor, x_1..x_L] (L = `n_verify`), acceptance, and the
@@ -289,12 +282,10 @@ class SpeculativeDecoder:
         `(logits [R, n, V], tapped features or None, positions [R, n])`."""
         n = ids.shape[1]
         pos = batch.anchor_pos[:, None] + torch.arange(n, device=self.device)
-        cap = batch.cache.max_len
-        kv_len = bucket(max(batch.positions) + n, self.options.bucket, cap)
-        rows = None
-        if n > 1 and len(batch.positions) == 1 and self.exact_rows:
-            # row i attends what the 1-token step at its position would (row_attention.py)
-            rows = row_kv_lengths(batch.positions[0], n, self.options.bucket, cap)
+        cap, kv_bucket = batch.cache.max_len, self.options.bucket
+        kv_len = bucket(max(batch.positions) + n, kv_bucket, cap)
+        # None, or per query row the KV length a 1-token step there attends (row-exact)
+        rows = self.runner.row_kv_lens(batch.positions, n, kv_bucket, cap)
         logits, taps = self.runner.forward(
             ids, pos, batch.cache, kv_len, start=batch.start, tapped=tapped, row_kv_lens=rows
         )
