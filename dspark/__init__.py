@@ -17,6 +17,7 @@ _EXPORTS = {
     "DSparkDraftModel": "dspark.modeling",
     "build_objective": "dspark.objectives",
     "SpeculativeDecoder": "dspark.decoding",
+    "DecoderOptions": "dspark.decoding",
     "GenerationOutput": "dspark.decoding",
 }
 

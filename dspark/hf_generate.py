@@ -41,7 +41,7 @@ def _setting(name, kwargs, generation_config, model, default=None):
 @torch.no_grad()
 def generate(model, inputs=None, generation_config=None, draft=None, **kwargs) -> torch.Tensor:
     """`model.generate(...)` with DSpark speculative decoding (see the module docstring)."""
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
 
     if draft is None:
         raise ValueError("pass draft= (a DSparkDraftModel or a draft directory) to generate()")
@@ -70,16 +70,13 @@ def generate(model, inputs=None, generation_config=None, draft=None, **kwargs) -
     temperature = (
         float(_setting("temperature", kwargs, generation_config, model, 1.0)) if sample else 0.0
     )
-    decoder = SpeculativeDecoder(
-        model,
-        draft,
-        temperature=temperature,
-        top_k=int(_setting("top_k", kwargs, generation_config, model, 0) or 0) if sample else 0,
-        top_p=float(_setting("top_p", kwargs, generation_config, model, 1.0) or 1.0)
-        if sample
-        else 1.0,
-        max_length=max(len(p) for p in prompts) + int(max_new) + int(draft.config.block_size) + 8,
+    sampling = Sampling(
+        temperature,
+        int(_setting("top_k", kwargs, generation_config, model, 0) or 0) if sample else 0,
+        float(_setting("top_p", kwargs, generation_config, model, 1.0) or 1.0) if sample else 1.0,
     )
+    max_length = max(len(p) for p in prompts) + int(max_new) + int(draft.config.block_size) + 8
+    decoder = SpeculativeDecoder(model, draft, DecoderOptions(sampling, max_length=max_length))
     eos = _setting("eos_token_id", kwargs, generation_config, model)
     out = decoder.generate(prompts, int(max_new), eos_token_id=eos, seed=kwargs.get("seed"))
     pad = _setting("pad_token_id", kwargs, generation_config, model)

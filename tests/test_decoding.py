@@ -29,7 +29,7 @@ from helpers import (
 )
 from torch import nn
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
 
 class ToyMarkov(nn.Module):
@@ -129,7 +129,7 @@ def test_greedy_speculative_equals_plain_greedy_oracle(tiny_target, arch, length
     draft = OracleDraft(
         [p + r for p, r in zip(prompts, refs)], vocab, gamma=4, markov=seed != 1, seed=seed
     )
-    dec = SpeculativeDecoder(model, draft, observer=draft.recorder)
+    dec = SpeculativeDecoder(model, draft, DecoderOptions(observer=draft.recorder))
     out = dec.generate(prompts, max_new)
     assert out.sequences == refs
     rounds = [a for accs in out.accept_lengths for a in accs]
@@ -171,7 +171,11 @@ def test_confidence_threshold_is_lossless_and_shortens_verify(tiny_target):
     prompts = prompts_for(vocab, (4, 8), 7)
     refs = [greedy_reference(model, p, 16) for p in prompts]
     draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=5, seed=4)
-    dec = SpeculativeDecoder(model, draft, observer=draft.recorder, confidence_threshold=0.5)
+    dec = SpeculativeDecoder(
+        model,
+        draft,
+        DecoderOptions(policy=VerifyPolicy(confidence_threshold=0.5), observer=draft.recorder),
+    )
     out = dec.generate(prompts, 16)
     assert out.sequences == refs
     vers = [v for vs in out.verify_lengths for v in vs]
@@ -190,7 +194,7 @@ def test_eos_and_max_new_tokens(tiny_target):
     prompt = prompts_for(vocab, (6,), 11)[0]
     ref = greedy_reference(model, prompt, 20)
     draft = OracleDraft([prompt + ref], vocab, gamma=4, corrupt=0.1, seed=2)
-    dec = SpeculativeDecoder(model, draft, observer=draft.recorder)
+    dec = SpeculativeDecoder(model, draft, DecoderOptions(observer=draft.recorder))
     for n in (1, 2, 3, 4, 5, 6, 9, 20):
         draft.refs = [prompt + ref]
         out = dec.generate([prompt], n)
@@ -216,7 +220,7 @@ def test_eos_in_one_request_leaves_others_running(tiny_target):
     eos = refs[0][2]
     expect = [greedy_reference(model, p, 15, eos=(eos,)) for p in prompts]
     draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=5)
-    dec = SpeculativeDecoder(model, draft, observer=draft.recorder)
+    dec = SpeculativeDecoder(model, draft, DecoderOptions(observer=draft.recorder))
     out = dec.generate(prompts, 15, eos_token_id=eos)
     assert out.sequences == expect
     assert len(out.sequences[0]) <= 3
@@ -227,7 +231,7 @@ def test_max_length_is_enforced(tiny_target):
     model, _ = tiny_target("qwen3")
     draft = ToyDraft(model, gamma=4)
     with pytest.raises(ValueError, match="max_length"):
-        SpeculativeDecoder(model, draft, max_length=32).generate([[1, 2, 3]], 40)
+        SpeculativeDecoder(model, draft, DecoderOptions(max_length=32)).generate([[1, 2, 3]], 40)
 
 
 # ------------------------------------------------------------------ caches
@@ -252,7 +256,7 @@ def test_target_and_context_caches_match_a_rebuild(tiny_target, arch):
     # the oracle picks the tokens; the toy draft's context API fills the context cache
     oracle.encode_context, oracle.context_kv = draft.encode_context, draft.context_kv
     oracle.recorder.keep_caches = True  # the test hook
-    dec = SpeculativeDecoder(model, oracle, observer=oracle.recorder)
+    dec = SpeculativeDecoder(model, oracle, DecoderOptions(observer=oracle.recorder))
     out = dec.generate(prompts, 13, eos_token_id=eos)
     assert out.sequences == refs
     assert len({len(s) for s in refs}) > 1
@@ -297,7 +301,11 @@ def test_sampled_output_has_the_target_distribution(tiny_target, markov, top_k, 
     prompt = prompts_for(model.config.vocab_size, (6,), 23)[0]
     temperature, n, depth = 1.5, 1500, 4
     draft = PromptAwareDraft(model, prompt, gamma=3, markov=markov, seed=9)
-    dec = SpeculativeDecoder(model, draft, temperature=temperature, top_k=top_k, top_p=top_p)
+    dec = SpeculativeDecoder(
+        model,
+        draft,
+        DecoderOptions(sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p)),
+    )
     joint = exact_joint(model, prompt, depth, temperature, top_k, top_p)
     out = dec.generate([prompt] * n, depth, seed=1234)
     firsts = [a[0] for a in out.accept_lengths]
@@ -324,7 +332,13 @@ def test_real_draft_greedy_equals_plain_greedy(tiny_target, arch, kw):
     draft = real_draft(model, tok, **kw)
     prompts = prompts_for(model.config.vocab_size, (5, 9), 29)
     kept = Recorder(keep_caches=True)
-    dec = SpeculativeDecoder(model, draft, confidence_threshold=0.3 if kw else None, observer=kept)
+    dec = SpeculativeDecoder(
+        model,
+        draft,
+        DecoderOptions(
+            policy=VerifyPolicy(confidence_threshold=0.3 if kw else None), observer=kept
+        ),
+    )
     out = dec.generate(prompts, 10)
     assert out.sequences == [greedy_reference(model, p, 10) for p in prompts]
     assert all(
@@ -348,7 +362,9 @@ def test_real_draft_sampling_runs_and_is_seeded(tiny_target):
     model, tok = tiny_target("qwen3")
     draft = real_draft(model, tok)
     prompts = prompts_for(model.config.vocab_size, (4, 7, 5), 31)
-    dec = SpeculativeDecoder(model, draft, temperature=0.8, top_p=0.95)
+    dec = SpeculativeDecoder(
+        model, draft, DecoderOptions(sampling=Sampling(temperature=0.8, top_p=0.95))
+    )
     a = dec.generate(prompts, 12, seed=7)
     b = dec.generate(prompts, 12, seed=7)
     assert a.sequences == b.sequences and all(len(s) == 12 for s in a.sequences)
@@ -408,16 +424,18 @@ def test_cpu_fast_paths_flag_keeps_greedy_outputs(tiny_target, kw):
     assert cpu_paths.GreedyPruner.get(draft.markov_head) is not None  # the path is live
     prompts = prompts_for(model.config.vocab_size, (6, 3, 9), 43)
     outs = {
-        flag: SpeculativeDecoder(model, draft, cpu_fast_paths=flag).generate(prompts, 12)
+        flag: SpeculativeDecoder(model, draft, DecoderOptions(cpu_fast_paths=flag)).generate(
+            prompts, 12
+        )
         for flag in (True, False)
     }
     assert outs[True].sequences == outs[False].sequences
     assert outs[True].accept_lengths == outs[False].accept_lengths
     assert outs[True].sequences == [greedy_reference(model, p, 12) for p in prompts]
     ar = {
-        flag: SpeculativeDecoder(model, draft, cpu_fast_paths=flag).generate_autoregressive(
-            prompts, 12
-        )
+        flag: SpeculativeDecoder(
+            model, draft, DecoderOptions(cpu_fast_paths=flag)
+        ).generate_autoregressive(prompts, 12)
         for flag in (True, False)
     }
     assert ar[True].sequences == ar[False].sequences == outs[True].sequences

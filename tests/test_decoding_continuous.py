@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_data_decoder_backend import hf_reference
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
 
 PROMPTS = [  # long before short, so short requests inherit rows whose slots a longer one wrote
     [5, 9, 13, 2, 44, 17, 8, 30, 31, 32, 33, 34, 35, 36],
@@ -28,7 +28,7 @@ def test_each_request_equals_hf_generate_alone(tiny_target, arch, max_batch):
     eos = sorted({free[0][2], free[4][5]})
     refs = [hf_reference(model, p, max_new, eos) for p in PROMPTS]
     assert len({len(r) for r in refs}) >= 2  # requests finish at different steps
-    dec = SpeculativeDecoder(model, None, max_length=64)
+    dec = SpeculativeDecoder(model, None, DecoderOptions(max_length=64))
     out = dec.generate_autoregressive(PROMPTS, max_new, eos_token_id=eos, max_batch=max_batch)
     assert out.sequences == refs
     assert out.round_rows == continuous_rows([len(r) - 1 for r in refs], max_batch)
@@ -52,7 +52,7 @@ def continuous_rows(steps: list[int], slots: int) -> list[int]:
 
 def test_the_batch_stays_full_while_requests_wait(tiny_target):
     model, _ = tiny_target("llama")
-    dec = SpeculativeDecoder(model, None, max_length=64)
+    dec = SpeculativeDecoder(model, None, DecoderOptions(max_length=64))
     budgets = 6  # no EOS: every request runs its whole budget
     out = dec.generate_autoregressive(PROMPTS, budgets, max_batch=3)
     assert out.new_tokens == [budgets] * len(PROMPTS)
@@ -62,14 +62,14 @@ def test_the_batch_stays_full_while_requests_wait(tiny_target):
     # the first 3 requests end together; the next 3 take their rows at once, so every round
     # runs 3 rows until only the 7th request is left
     assert out.round_rows == [3] * 10 + [1] * 5
-    grouped = SpeculativeDecoder(model, None, max_length=64)
+    grouped = SpeculativeDecoder(model, None, DecoderOptions(max_length=64))
     plain = grouped.generate_autoregressive(PROMPTS, budgets)
     assert plain.sequences == out.sequences
 
 
 def test_requests_finishing_on_their_first_token_free_their_rows(tiny_target):
     model, _ = tiny_target("qwen3")
-    dec = SpeculativeDecoder(model, None, max_length=64)
+    dec = SpeculativeDecoder(model, None, DecoderOptions(max_length=64))
     out = dec.generate_autoregressive(PROMPTS, 1, max_batch=2)
     with torch.inference_mode():
         firsts = [int(model(torch.tensor([p])).logits[0, -1].argmax()) for p in PROMPTS]
@@ -79,7 +79,9 @@ def test_requests_finishing_on_their_first_token_free_their_rows(tiny_target):
 
 def test_sampled_requests_depend_only_on_their_own_generator(tiny_target):
     model, _ = tiny_target("llama")
-    dec = SpeculativeDecoder(model, None, max_length=64, temperature=1.0)
+    dec = SpeculativeDecoder(
+        model, None, DecoderOptions(sampling=Sampling(temperature=1.0), max_length=64)
+    )
 
     def gens():
         return [torch.Generator().manual_seed(100 + i) for i in range(len(PROMPTS))]
@@ -94,6 +96,6 @@ def test_sampled_requests_depend_only_on_their_own_generator(tiny_target):
 
 def test_max_batch_must_be_positive(tiny_target):
     model, _ = tiny_target("llama")
-    dec = SpeculativeDecoder(model, None, max_length=64)
+    dec = SpeculativeDecoder(model, None, DecoderOptions(max_length=64))
     with pytest.raises(ValueError, match="max_batch"):
         dec.generate_autoregressive(PROMPTS, 4, max_batch=0)

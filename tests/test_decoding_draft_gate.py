@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import OracleDraft, greedy_reference, prompts_for
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, SpeculativeDecoder, VerifyPolicy
 from dspark.decoding.draft_gate import DraftGate, expected_tokens_per_s
 from dspark.decoding.sps import SPSProfile
 
@@ -85,9 +85,18 @@ def test_decoder_gate_state_outlives_a_call_and_stays_lossless(tiny_target):
     draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=3)
     # drafting costs 50 s at 2+ rows (never pays), nothing at 1 row (pays whenever drafts do)
     dec = SpeculativeDecoder(
-        model, draft, verify_policy="scheduler", sps=_sched_profile([0.0, 50.0, 50.0, 50.0]),
-        draft_probe_interval=3, draft_probe_budget=0.0, observer=draft.recorder,
-    )  # fmt: skip
+        model,
+        draft,
+        DecoderOptions(
+            policy=VerifyPolicy(
+                "scheduler",
+                sps=_sched_profile([0.0, 50.0, 50.0, 50.0]),
+                draft_probe_interval=3,
+                draft_probe_budget=0.0,
+            ),
+            observer=draft.recorder,
+        ),
+    )
 
     def skipped(out) -> list[int]:
         return [int(d == 0.0 and w == 1) for d, w in zip(out.round_draft_s, out.round_width)]

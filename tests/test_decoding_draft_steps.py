@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import greedy_reference, prompts_for, random_draft
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, SpeculativeDecoder, VerifyPolicy
 from dspark.decoding.draft_step import propose
 from dspark.eval.capped_decoder import CappedVerifyDecoder
 from dspark.target.capture import OnlineTargetCapture
@@ -65,11 +65,13 @@ def test_capped_rounds_draft_only_what_they_verify_and_stay_lossless(tiny_target
     monkeypatch.setattr(decoder_mod, "propose", spy)
     for cap in (1, 2, 5):
         asked.clear()
-        dec = CappedVerifyDecoder(target, draft, max_verify=cap, max_length=128)
+        dec = CappedVerifyDecoder(target, draft, DecoderOptions(max_length=128), max_verify=cap)
         out = dec.generate(prompts, 14)
         assert out.sequences == [greedy_reference(target, p, 14) for p in prompts]
         assert max(asked) <= cap and asked[0] == cap  # the budget lowers the last rounds
     asked.clear()
-    dec = SpeculativeDecoder(target, draft, confidence_threshold=0.5, max_length=128)
+    dec = SpeculativeDecoder(
+        target, draft, DecoderOptions(policy=VerifyPolicy(confidence_threshold=0.5), max_length=128)
+    )
     dec.generate(prompts, 14)
     assert set(asked) == {None}  # a confidence policy reads every slot's confidence

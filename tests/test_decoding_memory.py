@@ -7,7 +7,7 @@ import weakref
 
 from helpers import prompts_for, real_draft
 
-from dspark.decoding import DecodeObserver, SpeculativeDecoder
+from dspark.decoding import DecodeObserver, DecoderOptions, SpeculativeDecoder
 
 
 class _WeakFinals(DecodeObserver):
@@ -24,7 +24,7 @@ def test_no_caches_are_kept_after_a_call(tiny_target):
     model, tok = tiny_target("qwen3")
     prompts = prompts_for(model.config.vocab_size, (4, 7, 9), 5)
     seen = _WeakFinals()
-    dec = SpeculativeDecoder(model, real_draft(model, tok), observer=seen)
+    dec = SpeculativeDecoder(model, real_draft(model, tok), DecoderOptions(observer=seen))
     for run in (dec.generate, dec.generate_autoregressive):
         seen.refs.clear()
         run(prompts, 6)

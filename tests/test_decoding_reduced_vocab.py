@@ -25,7 +25,13 @@ from helpers import (
 )
 from torch import nn
 
-from dspark.decoding import SpeculativeDecoder, verify_sampled
+from dspark.decoding import (
+    DecoderOptions,
+    Sampling,
+    SpeculativeDecoder,
+    VerifyPolicy,
+    verify_sampled,
+)
 from dspark.decoding.draft_step import propose
 from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.sampling import sample, warp
@@ -224,7 +230,9 @@ def test_reduced_oracle_is_accepted_through_d2t(tiny_target, arch, markov):
     assert kept.numel() < V - 1
     seqs = [p + r for p, r in zip(prompts, refs)]
     draft = ReducedOracle(seqs, V, kept, gamma=4, corrupt=0.0, markov=markov)
-    out = SpeculativeDecoder(model, draft, observer=draft.recorder).generate(prompts, 14)
+    out = SpeculativeDecoder(model, draft, DecoderOptions(observer=draft.recorder)).generate(
+        prompts, 14
+    )
     assert out.sequences == refs
     assert out.accept_lengths == out.verify_lengths  # every verified draft accepted
     assert sum(map(sum, out.accept_lengths)) > 14
@@ -248,7 +256,8 @@ def test_reduced_real_draft_greedy_equals_plain_greedy(tiny_target, arch, policy
         policy["sps"] = SPSProfile([1, 8], [1, 5], [[1.0, 1.3], [1.2, 2.0]], [draft_s, 4 * draft_s])
     _, red = real_drafts(model, tok, 96, seed=2, w2_scale=10.0)
     prompts = prompts_for(model.config.vocab_size, (5, 9, 3), 29)
-    dec = SpeculativeDecoder(model, red, **policy)
+    kind = policy.pop("verify_policy", None)
+    dec = SpeculativeDecoder(model, red, DecoderOptions(policy=VerifyPolicy(kind, **policy)))
     out = dec.generate(prompts, 10)
     assert out.sequences == [greedy_reference(model, p, 10) for p in prompts]
     if draft_s is not None:
@@ -317,7 +326,11 @@ def test_reduced_sampled_output_has_the_target_distribution(tiny_target, markov,
     kept = kept_ids(V, V // 2, 4, keep={second[0], *top}, drop={second[1], V - 1})
     assert _first_round_mass_outside(model, prompt, kept, temperature, top_k) > 0.05
     draft = ReducedPromptAware(model, prompt, kept, gamma=3, markov=markov, seed=9)
-    dec = SpeculativeDecoder(model, draft, temperature=temperature, top_k=top_k, top_p=top_p)
+    dec = SpeculativeDecoder(
+        model,
+        draft,
+        DecoderOptions(sampling=Sampling(temperature=temperature, top_k=top_k, top_p=top_p)),
+    )
     assert dec.draft_vocab is not None and dec.draft_vocab.size == V // 2
     joint = exact_joint(model, prompt, depth, temperature, top_k, top_p)
     out = dec.generate([prompt] * n, depth, seed=1234)
@@ -353,7 +366,9 @@ def test_a_residual_over_the_kept_ids_only_fails_the_chi_square(tiny_target, mon
 
     monkeypatch.setattr(DraftVocab, "subtract_from", kept_only)
     draft = ReducedPromptAware(model, prompt, kept, gamma=3, markov=True, seed=9)
-    dec = SpeculativeDecoder(model, draft, temperature=temperature, top_k=top_k)
+    dec = SpeculativeDecoder(
+        model, draft, DecoderOptions(sampling=Sampling(temperature=temperature, top_k=top_k))
+    )
     joint = exact_joint(model, prompt, depth, temperature, top_k)
     out = dec.generate([prompt] * n, depth, seed=1234)
     assert chisquare(out.sequences, joint) < 1e-4

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from dspark.decoding import SpeculativeDecoder, target_step
+from dspark.decoding import DecoderOptions, SpeculativeDecoder, target_step
 from dspark.decoding.cache import TargetKVCache, bucket
 from dspark.decoding.row_attention import default_exact_rows, row_exact_attention
 from dspark.decoding.row_linear import (
@@ -141,12 +141,14 @@ def test_bf16_greedy_speculative_equals_own_plain_greedy(seed):
     model = _bf16_target("llama", 1024)
     vocab = model.config.vocab_size
     prompts = prompts_for(vocab, (5, 11), seed)
-    dec = SpeculativeDecoder(model, None, max_length=256)
+    dec = SpeculativeDecoder(model, None, DecoderOptions(max_length=256))
     accepted = []
     for prompt in prompts:
         plain = dec.generate_autoregressive([prompt], 24).sequences[0]
         draft = OracleDraft([prompt + plain], vocab, gamma=6, corrupt=0.2, seed=seed)
-        spec = SpeculativeDecoder(model, draft, observer=draft.recorder, max_length=256)
+        spec = SpeculativeDecoder(
+            model, draft, DecoderOptions(observer=draft.recorder, max_length=256)
+        )
         assert spec.exact_rows  # the default for a bf16 target on a CPU
         out = spec.generate([prompt], 24)  # batch 1: row-exact verify passes
         assert out.sequences[0] == plain
@@ -162,11 +164,13 @@ def test_exact_rows_default_follows_device_dtype_and_compile():
     assert not default_exact_rows(cpu, True, torch.bfloat16)
     assert not default_exact_rows(gpu, False, torch.bfloat16)
     model = _bf16_target("llama", 256)
-    dec = SpeculativeDecoder(model, None, max_length=64)
+    dec = SpeculativeDecoder(model, None, DecoderOptions(max_length=64))
     assert dec.exact_rows
     model.float()  # the decoder follows the target's dtype now
     assert not dec.exact_rows
-    assert SpeculativeDecoder(model, None, max_length=64, exact_rows=True).exact_rows
+    assert SpeculativeDecoder(
+        model, None, DecoderOptions(max_length=64, exact_rows=True)
+    ).exact_rows
 
 
 class _RowCountLinear(torch.nn.Linear):
@@ -252,11 +256,13 @@ def test_bf16_verify_is_exact_where_a_linear_rounds_by_row_count(monkeypatch):
         differs += not torch.equal(verify, steps)
     assert differs >= len(cases) // 2
     monkeypatch.undo()
-    plain_dec = SpeculativeDecoder(model, None, max_length=256)
+    plain_dec = SpeculativeDecoder(model, None, DecoderOptions(max_length=256))
     for seed, prompt in enumerate(prompts_for(1024, (5, 11), 3)):
         plain = plain_dec.generate_autoregressive([prompt], 24).sequences[0]
         draft = OracleDraft([prompt + plain], 1024, gamma=6, corrupt=0.2, seed=seed)
-        spec = SpeculativeDecoder(model, draft, observer=draft.recorder, max_length=256)
+        spec = SpeculativeDecoder(
+            model, draft, DecoderOptions(observer=draft.recorder, max_length=256)
+        )
         out = spec.generate([prompt], 24)
         assert out.sequences[0] == plain
         assert max(out.accept_lengths[0]) >= 3

@@ -18,7 +18,13 @@ from helpers import (
 )
 from torch import nn
 
-from dspark.decoding import SpeculativeDecoder, verify_sampled
+from dspark.decoding import (
+    DecoderOptions,
+    Sampling,
+    SpeculativeDecoder,
+    VerifyPolicy,
+    verify_sampled,
+)
 from dspark.decoding import verify_policy as policy_module
 from dspark.decoding.scheduler import schedule_padded, schedule_ragged
 from dspark.decoding.sps import Roofline, SPSProfile
@@ -140,10 +146,19 @@ def test_scheduler_skips_unprofitable_drafts_losslessly(tiny_target):
         (0.0, 64, [0] * 8),  # the draft is free: never skipped
     ):
         dec = SpeculativeDecoder(
-            model, draft, verify_policy="scheduler", sps=_profile(1.0, 0.02, 4, draft_s),
-            draft_probe_interval=3, max_draft_probe_interval=max_interval,
-            draft_probe_budget=0.0, observer=draft.recorder,
-        )  # fmt: skip
+            model,
+            draft,
+            DecoderOptions(
+                policy=VerifyPolicy(
+                    "scheduler",
+                    sps=_profile(1.0, 0.02, 4, draft_s),
+                    draft_probe_interval=3,
+                    max_draft_probe_interval=max_interval,
+                    draft_probe_budget=0.0,
+                ),
+                observer=draft.recorder,
+            ),
+        )
         out = dec.generate(prompts, 30)
         assert out.sequences == refs
         skipped = [int(d == 0.0 and w == 1) for d, w in zip(out.round_draft_s, out.round_width)]
@@ -168,10 +183,10 @@ def test_scheduler_greedy_equals_plain_greedy_at_every_load(tiny_target, arch, b
         dec = SpeculativeDecoder(
             model,
             draft,
-            verify_policy="scheduler",
-            sps=sps,
-            scheduler_batch=batch_mode,
-            observer=draft.recorder,
+            DecoderOptions(
+                policy=VerifyPolicy("scheduler", sps=sps, scheduler_batch=batch_mode),
+                observer=draft.recorder,
+            ),
         )
         out = dec.generate(prompts, max_new)
         assert out.sequences == refs, load
@@ -234,9 +249,13 @@ def test_scheduler_sampled_output_has_the_target_distribution(
     drafts = None if draft_s is None else [draft_s, draft_s * n]  # 9.0: drafting never pays
     sps = SPSProfile([1, n], [1, 4], [[1.0, 1.6], [1.0 * n, 1.6 * n]], drafts)
     dec = SpeculativeDecoder(
-        model, draft, temperature=temperature, top_k=top_k, verify_policy="scheduler", sps=sps,
-        scheduler_batch=batch_mode,
-    )  # fmt: skip
+        model,
+        draft,
+        DecoderOptions(
+            sampling=Sampling(temperature=temperature, top_k=top_k),
+            policy=VerifyPolicy("scheduler", sps=sps, scheduler_batch=batch_mode),
+        ),
+    )
     joint = exact_joint(model, prompt, depth, temperature, top_k)
     out = dec.generate([prompt] * n, depth, seed=1234)
     first = [v[0] for v in out.verify_lengths]
@@ -348,9 +367,16 @@ def test_appendix_a_in_the_decoder(tiny_target, monkeypatch):
     for stop in (True, False):
         monkeypatch.setitem(policy_module.SCHEDULERS, "ragged", _per_request(stop, sps_one))
         dec = SpeculativeDecoder(
-            model, draft, temperature=temperature, top_k=top_k, verify_policy="scheduler",
-            sps=_profile(1.0, 0.1, 3), scheduler_batch="ragged", time_rounds=False,
-        )  # fmt: skip
+            model,
+            draft,
+            DecoderOptions(
+                sampling=Sampling(temperature=temperature, top_k=top_k),
+                policy=VerifyPolicy(
+                    "scheduler", sps=_profile(1.0, 0.1, 3), scheduler_batch="ragged"
+                ),
+                time_rounds=False,
+            ),
+        )
         out = dec.generate([prompt] * n, 4, seed=77)
         lengths[stop] = {v[0] for v in out.verify_lengths}
         pvalues[stop] = chisquare([s[:2] for s in out.sequences], joint)
@@ -378,7 +404,9 @@ def test_measured_profile_is_cached_per_device_target_dtype(tiny_target, monkeyp
 
     monkeypatch.setattr(sps_module, "measure", fail)
     assert sps_module.load_or_measure(model, draft, gamma=3, **kw).times == prof.times
-    dec = SpeculativeDecoder(model, draft, verify_policy="scheduler")  # start-up: the cache
+    dec = SpeculativeDecoder(
+        model, draft, DecoderOptions(policy=VerifyPolicy("scheduler"))
+    )  # start-up: the cache
     assert dec.policy.sps.times == prof.times
     out = dec.generate([[1, 2, 3]], 6)
     assert out.sequences == [greedy_reference(model, [1, 2, 3], 6)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import OracleDraft, greedy_reference, prompts_for
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, SpeculativeDecoder
 from dspark.decoding.sampling import Sampling
 from dspark.decoding.sps import SPSProfile
 from dspark.decoding.verify_policy import VerifyPolicy, threshold_lengths
@@ -108,7 +108,7 @@ def test_default_kind_checks_and_calibration():
     assert _attached("scheduler", sps=_sps(lambda b: 1.0)).gate is None
 
 
-def test_decoder_keywords_build_the_policy_and_the_sampling(tiny_target):
+def test_decoder_options_carry_the_policy_and_the_sampling(tiny_target):
     model, _ = tiny_target("qwen3")
     vocab = model.config.vocab_size
     prompts = prompts_for(vocab, (5, 8), 3)
@@ -118,22 +118,22 @@ def test_decoder_keywords_build_the_policy_and_the_sampling(tiny_target):
         OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=2)
         for _ in range(2)
     )
-    by_keywords = SpeculativeDecoder(
-        model, draft, confidence_threshold=0.5, temperature=0, observer=draft.recorder
+    policy = VerifyPolicy(confidence_threshold=0.5)
+    by_name = SpeculativeDecoder(
+        model, draft, DecoderOptions(policy=policy, observer=draft.recorder)
     )
-    assert by_keywords.policy.kind == "threshold" and by_keywords.sampling == Sampling()
-    by_objects = SpeculativeDecoder(
+    assert by_name.policy.kind == "threshold" and by_name.options.sampling == Sampling()
+    by_order = SpeculativeDecoder(
         model,
         twin,
-        policy=VerifyPolicy(confidence_threshold=0.5),
-        sampling=Sampling(0.0),
-        observer=twin.recorder,
+        DecoderOptions(
+            Sampling(0.0), VerifyPolicy(confidence_threshold=0.5), observer=twin.recorder
+        ),
     )
-    a, b = by_keywords.generate(prompts, 10), by_objects.generate(prompts, 10)
+    a, b = by_name.generate(prompts, 10), by_order.generate(prompts, 10)
     assert a.sequences == b.sequences == refs and a.verify_lengths == b.verify_lengths
-    with pytest.raises(TypeError, match="not both"):
-        SpeculativeDecoder(model, draft, policy=VerifyPolicy(), confidence_threshold=0.5)
-    with pytest.raises(TypeError, match="not both"):
-        SpeculativeDecoder(model, draft, sampling=Sampling(), temperature=1.0)
-    by_keywords.temperature, by_keywords.top_k = 0.7, 5  # as dspark/data/decoder_backend.py
-    assert by_keywords.sampling == Sampling(0.7, 5, 1.0) and not by_keywords.greedy
+    with pytest.raises(TypeError):  # settings travel in the options object only
+        SpeculativeDecoder(model, draft, temperature=1.0)
+    by_name.options.sampling = Sampling(0.7, 5)  # as dspark/data/decoder_backend.py
+    assert by_name.options.sampling == Sampling(0.7, 5, 1.0)
+    assert not by_name.options.sampling.greedy

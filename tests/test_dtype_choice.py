@@ -237,6 +237,7 @@ def test_probe_on_a_tiny_target_reports_and_caches(tiny_target, one_thread):
 @pytest.mark.parametrize("max_verify", [1, 2])
 def test_a_shorter_verify_length_keeps_greedy_output(tiny_target, one_thread, max_verify):
     from dspark.config import DSparkConfig
+    from dspark.decoding import DecoderOptions
     from dspark.eval.capped_decoder import CappedVerifyDecoder
     from dspark.modeling import DSparkDraftModel
 
@@ -246,7 +247,7 @@ def test_a_shorter_verify_length_keeps_greedy_output(tiny_target, one_thread, ma
     )
     torch.manual_seed(0)
     draft = DSparkDraftModel.from_target(target, cfg).eval()
-    dec = CappedVerifyDecoder(target, draft, max_verify=max_verify, max_length=128)
+    dec = CappedVerifyDecoder(target, draft, DecoderOptions(max_length=128), max_verify=max_verify)
     prompts = [[3, 17, 40, 9], [5, 6, 7, 8, 9, 10, 11]]
     spec = dec.generate(prompts, max_new_tokens=20)
     plain = dec.generate_autoregressive(prompts, max_new_tokens=20)

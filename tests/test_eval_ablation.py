@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "bench").is_dir(), reason="no ../shared")
 def test_ablation_table_over_two_runs(tmp_path, debug_data):  # noqa: F811
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, SpeculativeDecoder
     from dspark.eval.prompts import load_dataset, render
     from dspark.modeling import DSparkDraftModel
     from dspark.target import load_target
@@ -65,7 +65,7 @@ def test_ablation_table_over_two_runs(tmp_path, debug_data):  # noqa: F811
     draft = DSparkDraftModel.from_pretrained(tmp_path / "dflash" / "draft").eval()
     target, tok = load_target(draft.config.target_name_or_path)
     prompts = [render(tok, t, []) for t in load_dataset("gsm8k", None, 2)]
-    dec = SpeculativeDecoder(target, draft, max_length=4096)
+    dec = SpeculativeDecoder(target, draft, DecoderOptions(max_length=4096))
     acc = rounds = 0
     for p in prompts:
         o = dec.generate([p], 12, eos_token_id=tok.eos_token_id, seed=0)

@@ -13,7 +13,7 @@ from helpers import make_draft
 from dspark.calibration import metrics as cal
 from dspark.calibration.fit import write_temperatures
 from dspark.config import DSparkConfig
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, SpeculativeDecoder, VerifyPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,9 @@ def test_decoder_applies_the_drafts_temperatures(tiny_target):
     temps = [2.0, 0.5, 3.0]
     draft.config.confidence_temperatures = temps
     prompts = [[3, 5, 7, 9], [4, 6]]
-    raw = SpeculativeDecoder(model, draft, calibrate=False).generate(prompts, 8)
+    raw = SpeculativeDecoder(
+        model, draft, DecoderOptions(policy=VerifyPolicy(calibrate=False))
+    ).generate(prompts, 8)
     calibrated = SpeculativeDecoder(model, draft).generate(prompts, 8)
     assert raw.sequences == calibrated.sequences and raw.accept_lengths == calibrated.accept_lengths
     for req_raw, req_cal in zip(raw.confidences, calibrated.confidences):

@@ -36,7 +36,7 @@ def test_sweep_cells_traces_and_resume(tiny_target, tmp_path):
     )  # fmt: skip
     # the oracle maps batch rows to requests through the decoders' observer hook
     for dec in decs.values():
-        dec.observer = draft.recorder
+        dec.options.observer = draft.recorder
     cond = {"test": 1}
     res = ls.run_sweep(decs, prompts, [1, 4], max_new_tokens=10, eos=None, seed=0,
                        out_dir=tmp_path, conditions=cond, progress=lambda m: None)  # fmt: skip
@@ -178,7 +178,7 @@ def test_sweep_repeats_keep_the_median_repeat(tiny_target, tmp_path):
         max_length=128,
     )  # fmt: skip
     for dec in decs.values():
-        dec.observer = draft.recorder
+        dec.options.observer = draft.recorder
     res = ls.run_sweep(decs, prompts, [2], max_new_tokens=8, eos=None, seed=0, repeats=3,
                        out_dir=tmp_path, conditions={}, progress=lambda m: None)  # fmt: skip
     for cell in res["cells"].values():

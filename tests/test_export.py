@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import make_draft
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, SpeculativeDecoder
 from dspark.decoding.draft_step import propose
 from dspark.export import NotServableError, export_draft, layout_of, load_draft
 from dspark.target.capture import OnlineTargetCapture
@@ -73,7 +73,7 @@ def test_round_trip_same_tensors_and_proposals(tiny_target, tmp_path, arch, fmt)
     t1, c1 = proposals(back, target, ids)
     assert torch.equal(t0, t1) and torch.equal(c0, c1)
     assert len(set(t0.flatten().tolist())) > 3  # proposals that depend on the weights
-    dec = [SpeculativeDecoder(target, d, max_length=256) for d in (draft, back)]
+    dec = [SpeculativeDecoder(target, d, DecoderOptions(max_length=256)) for d in (draft, back)]
     prompts = [ids[0, :9].tolist(), ids[0, :5].tolist()]
     o0, o1 = (d.generate(prompts, 12) for d in dec)
     assert o0.sequences == o1.sequences and o0.accept_lengths == o1.accept_lengths

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import make_draft
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, SpeculativeDecoder
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dspark_generate"
 
@@ -30,7 +30,7 @@ def test_custom_generate_equals_decoder_and_greedy(tiny_target, tmp_path):
     n = enc["input_ids"].shape[1]
     assert torch.equal(out[:, :n], enc["input_ids"])
     prompts = [row[m.bool()].tolist() for row, m in zip(enc["input_ids"], enc["attention_mask"])]
-    ours = SpeculativeDecoder(target, draft, max_length=128).generate(
+    ours = SpeculativeDecoder(target, draft, DecoderOptions(max_length=128)).generate(
         prompts, 10, eos_token_id=target.generation_config.eos_token_id
     )
     pad = target.generation_config.pad_token_id

@@ -30,10 +30,10 @@ def training_summary(run_dir: Path) -> dict:
 @torch.inference_mode()
 def decoder_tau(target, tokenizer, draft, prompts, *, temperature, max_new_tokens, seed=0) -> dict:
     """Pooled decoder tau and per-position acceptance over `prompts` (token-id lists)."""
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
     from dspark.decoding.output import GenerationOutput
 
-    dec = SpeculativeDecoder(target, draft, temperature=temperature, max_length=4096)
+    dec = SpeculativeDecoder(target, draft, DecoderOptions(Sampling(temperature), max_length=4096))
     eos = tokenizer.eos_token_id
     outs = [
         dec.generate([p], max_new_tokens, eos_token_id=eos, seed=seed + i)

@@ -54,14 +54,14 @@ def random_target(config, dtype: torch.dtype, device: torch.device):
 
 
 def make_decoder(target, draft, mode: str):
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, SpeculativeDecoder
 
     if mode == "eager":
-        return SpeculativeDecoder(target, draft, max_length=1024)
+        return SpeculativeDecoder(target, draft, DecoderOptions(max_length=1024))
     if mode == "compile":
-        return SpeculativeDecoder(target, draft, max_length=1024, compile=True)
+        return SpeculativeDecoder(target, draft, DecoderOptions(max_length=1024, compile=True))
     if mode == "cudagraphs":
-        dec = SpeculativeDecoder(target, draft, max_length=1024, kv_bucket=128)
+        dec = SpeculativeDecoder(target, draft, DecoderOptions(max_length=1024, kv_bucket=128))
         dec.runner.compile(mode="reduce-overhead", dynamic=False)
         return dec
     raise ValueError(f"unknown mode {mode!r}: eager | compile | cudagraphs")

@@ -15,15 +15,15 @@ def decoder_rounds(draft_dir, target_spec: str, prompt_sets, max_new_tokens: int
 
     from dspark.bench import llama_cpp_flags as flags
     from dspark.calibration.fit import collect
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, SpeculativeDecoder, VerifyPolicy
     from dspark.export.load import load_draft
     from dspark.target import load_target
 
     target, tokenizer = load_target(target_spec, dtype=torch.float32)
     draft = load_draft(draft_dir).eval().requires_grad_(False)
     temps = getattr(draft.config, "confidence_temperatures", None)
-    decoder = SpeculativeDecoder(target, draft, temperature=0.0, verify_policy="full",
-                                 calibrate=False, max_length=4096)  # fmt: skip
+    full = VerifyPolicy("full", calibrate=False)
+    decoder = SpeculativeDecoder(target, draft, DecoderOptions(policy=full, max_length=4096))
     prompts = [p for ps in prompt_sets.values() for p in ps]
     eos = tokenizer.eos_token_id
     per_request = collect(decoder, prompts, max_new_tokens, 1, eos, 0)

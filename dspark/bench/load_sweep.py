@@ -36,24 +36,21 @@ SWEEP_VERSION = 1
 
 def decoders(target, draft, policies, *, threshold: float, sps, temperature: float, max_length):
     """`{policy: SpeculativeDecoder}` sharing the target and draft."""
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
-    kw = dict(temperature=temperature, max_length=max_length)
     out = {}
     for p in policies:
         if p in ("ar", "full"):
-            out[p] = SpeculativeDecoder(target, draft, verify_policy="full", **kw)
+            policy = VerifyPolicy("full")
         elif p == "threshold":
-            out[p] = SpeculativeDecoder(
-                target, draft, verify_policy="threshold", confidence_threshold=threshold, **kw
-            )
+            policy = VerifyPolicy("threshold", confidence_threshold=threshold)
         elif p in ("scheduler", "scheduler_ragged"):
             batch = "ragged" if p == "scheduler_ragged" else "padded"
-            out[p] = SpeculativeDecoder(
-                target, draft, verify_policy="scheduler", sps=sps, scheduler_batch=batch, **kw
-            )
+            policy = VerifyPolicy("scheduler", sps=sps, scheduler_batch=batch)
         else:
             raise ValueError(f"unknown policy {p!r}; choose from {POLICIES}")
+        opts = DecoderOptions(Sampling(temperature), policy, max_length=max_length)
+        out[p] = SpeculativeDecoder(target, draft, opts)
     return out
 
 
@@ -171,7 +168,7 @@ def run_sweep(
                 cell = cell_metrics(out, load)
                 if name == "ar":
                     reference = out.sequences
-                elif reference is not None and first is not None and first.greedy:
+                elif reference is not None and first is not None and first.options.sampling.greedy:
                     same = sum(a == b for a, b in zip(out.sequences, reference))
                     cell["matches_ar"] = same / load
                 if name != "ar" and rep == 0:

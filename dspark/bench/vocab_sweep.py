@@ -51,14 +51,15 @@ def run_facts(run_dir: Path) -> dict:
 
 def decode_taus(target, tokenizer, draft, prompt_sets, max_new_tokens, temperatures, seed=0):
     """`{T: {set: tau}}` with full-block verification, and the T=0 outputs' token ids."""
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
     eos = tokenizer.eos_token_id
     out: dict = {}
     greedy_tokens: list[int] = []
     for t in temperatures:
-        dec = SpeculativeDecoder(target, draft, temperature=float(t), verify_policy="full",
-                                 calibrate=False, max_length=4096)  # fmt: skip
+        full = VerifyPolicy("full", calibrate=False)
+        opts = DecoderOptions(Sampling(float(t)), full, max_length=4096)
+        dec = SpeculativeDecoder(target, draft, opts)
         out[str(t)] = {}
         for name, prompts in prompt_sets.items():
             acc = rounds = 0

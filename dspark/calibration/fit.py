@@ -67,17 +67,16 @@ def fit_on_prompts(
     """Decode `prompts` with full-block verification and raw confidences, fit STS on the
     even-indexed requests and score the odd ones: the fit (None when no draft was verified)
     with the decoding conditions under "conditions" (callers add what the prompts were)."""
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
     if max_length is None:
         max_length = int(getattr(target.config, "max_position_embeddings", 0) or 32768)
     decoder = SpeculativeDecoder(
         target,
         draft,
-        temperature=temperature,
-        verify_policy="full",
-        calibrate=False,
-        max_length=max_length,
+        DecoderOptions(
+            Sampling(temperature), VerifyPolicy("full", calibrate=False), max_length=max_length
+        ),
     )
     torch.manual_seed(seed)
     per_request = collect(decoder, prompts, max_new_tokens, batch_size, eos, seed)

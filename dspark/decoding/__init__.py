@@ -2,6 +2,7 @@
 
 from dspark.decoding.decoder import SpeculativeDecoder
 from dspark.decoding.observer import DecodeObserver
+from dspark.decoding.options import DecoderOptions
 from dspark.decoding.output import GenerationOutput
 from dspark.decoding.sampling import Sampling
 from dspark.decoding.verify import verify_greedy, verify_sampled
@@ -9,6 +10,7 @@ from dspark.decoding.verify_policy import VerifyPolicy
 
 __all__ = [
     "DecodeObserver",
+    "DecoderOptions",
     "GenerationOutput",
     "Sampling",
     "SpeculativeDecoder",

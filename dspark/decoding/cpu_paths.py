@@ -8,8 +8,8 @@
 Both work on whatever rows the draft's heads have: V, or K for a reduced draft vocabulary
 (draft_vocab.py), whose logits and argmax are then over draft ids (the caller maps them).
 
-`SpeculativeDecoder(..., cpu_fast_paths=False)` (passed on to `TargetRunner` and `propose`)
-turns both off; on (the default) they apply only where their conditions hold (a CPU tensor;
+`DecoderOptions(cpu_fast_paths=False)` (passed on to `TargetRunner` and `propose`) turns
+both off; on (the default) they apply only where their conditions hold (a CPU tensor;
 T = 0 and the reference Markov `step` for the pruner), so other devices run the plain path
 either way. tests/test_decoding.py checks that greedy outputs are identical on and off.
 """
@@ -82,6 +82,10 @@ class GreedyPruner:
         if pruner is None or pruner.version != pruner.w2._version:  # weights changed: redo norms
             pruner = cls._cache[head] = cls(head)
         return pruner
+
+    def pick(self, u_k, h_k, prev, state):
+        """`step`, shaped as the draft loop's Markov step (draft_step.py): no q at T = 0."""
+        return (*self.step(u_k, h_k, prev, state), None)
 
     def step(self, u_k, h_k, prev, state):
         emb = self.head.markov_w1(prev)

@@ -1,19 +1,23 @@
 """`SpeculativeDecoder`: DSpark speculative decoding and the plain AR baseline.
 
-One call (`generate`) is a prefill, then rounds until every request is done; a round (see
-docs/method.md sections 1 and 3):
-1. draft (`_draft`): unless the verify policy's draft gate skips this round, one
-   `block_hidden` pass for [anchor, mask x (gamma-1)] over the static context cache, then the
-   serial Markov loop samples x_1..x_gamma and their q (draft_step.py; a reduced draft
-   vocabulary, draft_vocab.py, samples over its K ids and proposes target ids); the verify
-   policy (verify_policy.py: full / threshold / scheduler, decided from the draft alone, so
-   decoding stays lossless) picks how many drafts each request verifies;
-2. verify (`_verify`): one KV-cached target pass over [anchor, x_1..x_L] (target_step.py),
-   lossless acceptance (verify.py), and the pass's tapped features written into the draft
-   context cache at the same positions;
-3. commit (`_commit`): the accepted drafts + 1 target token go to the output (output.py, which
+One call (`generate`) is a prefill, then rounds (`_round`) until every request is done; a
+round (see docs/method.md sections 1 and 3) is propose, verify, accept, advance, with the verify
+policy (verify_policy.py: full / threshold / scheduler, deciding from the draft alone, so
+decoding stays lossless) saying how far to draft and how many drafts each request verifies:
+1. propose (`_propose`): one `block_hidden` pass for [anchor, mask x (gamma-1)] over the
+   static context cache, then the serial Markov loop samples x_1..x_n and their q
+   (draft_step.py; a reduced draft vocabulary, draft_vocab.py, samples over its K ids and
+   proposes target ids); n is the policy's `draft_steps`, 0 on a round its draft gate skips
+   (draft_gate.py: the round is then a plain AR step that still feeds the draft's context);
+2. verify and accept (`_verify`): the policy's `lengths` per request, then one KV-cached target
+   pass over [anchor, x_1..x_L] (target_step.py), lossless acceptance (verify.py), and the
+   pass's tapped features written into the draft context cache at the same positions;
+3. advance (`_commit`): the accepted drafts + 1 target token go to the output (output.py, which
    also records the round), each row's anchor position moves past them (which is all the
    "crop" a position-indexed static cache needs, cache.py), and finished requests leave.
+Device shortcuts sit below the round: the CPU lm_head and T = 0 Markov pruning of
+cpu_paths.py inside `propose` and `TargetRunner`, and row-exact batch-1 verify passes
+(`TargetRunner.row_kv_lens`, row_attention.py).
 
 The AR baseline (`generate_autoregressive`) shares the prefill, the target pass (same
 forward, cache and masks as the verify pass, so it runs at HF `generate` speed and speed-ups
@@ -29,138 +33,61 @@ EOS / budget bookkeeping), plus one more when the policy reads the confidences (
 lengths). The verify pass runs the longest verify length (rows with shorter ones ignore the
 extra drafts). A round pays when the tokens it commits outweigh its cost, a draft round plus
 a verify pass over 1 + L tokens, against one 1-token step per token (eval/cost_model.py).
-`compile=True` wraps the target's layer loop in `torch.compile(dynamic=True)` (checked on
-CPU with a tiny target: identical output; the first compile takes minutes, so it is meant for
-GPUs).
+`DecoderOptions(compile=True)` wraps the target's layer loop in `torch.compile(dynamic=True)`
+(checked on CPU with a tiny target: identical output; the first compile takes minutes, so it is
+meant for GPUs).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from dspark.decoding.cache import (
-    DraftContextCache,
-    TargetKVCache,
-    bucket,
-    right_padded,
-    row_kv_lengths,
-)
+from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket, right_padded
 from dspark.decoding.draft_step import DraftProposal, propose
 from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.live_batch import LiveBatch
-from dspark.decoding.observer import DecodeObserver
+from dspark.decoding.options import DecoderOptions
 from dspark.decoding.output import GenerationOutput
-from dspark.decoding.row_attention import exact_rows_for
-from dspark.decoding.sampling import Sampling
 from dspark.decoding.target_step import TargetRunner
 from dspark.decoding.verify import accept
-from dspark.decoding.verify_policy import VerifyPolicy
 from dspark.timing import sync
 
 if TYPE_CHECKING:
     from dspark.modeling.protocols import DraftInference
 
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p")
-
 
 class SpeculativeDecoder:
-    """Decode `target` with a DSpark `draft` (any model with the contracts.md inference API).
-
-    `sampling` (`Sampling`): greedy at temperature 0 (output == plain greedy decoding token for
-    token); otherwise the output is distributed exactly as the target's warped distribution.
-    `policy` (`VerifyPolicy`): which drafts each request verifies (verify_policy.py; default
-    `full`). Both may instead be given by their own keyword arguments (`options`):
-    `temperature`, `top_k`, `top_p` for the sampling, and `verify_policy` (the kind),
-    `confidence_threshold`, `sps`, `scheduler_batch`, `calibrate`, `skip_unprofitable_drafts`,
-    `draft_probe_interval`, `max_draft_probe_interval`, `draft_probe_budget` for the policy.
-    `max_length` bounds prompt + new tokens (+ gamma spare slots) and so the caches.
-    `kv_bucket`: attended KV lengths are rounded up to a multiple of it (fewer shapes; 128
-    with `compile`, else 16). `time_rounds`: record per-round draft / verify times exactly (a
-    CUDA sync at the boundary). `draft=None` allows only `generate_autoregressive`.
-    `observer`: a `DecodeObserver` told which request each live row serves every round and
-    handed each finished request's caches (tests; the decoder itself keeps neither).
-    `cpu_fast_paths` (default on): the CPU-only lm_head and T = 0 Markov-pruning shortcuts of
-    cpu_paths.py; off runs the plain path everywhere (same greedy tokens).
-    """
+    """Decode `target` with a DSpark `draft` (any model with the contracts.md inference API) as
+    `options` (`DecoderOptions`, options.py) say; `draft=None` allows only
+    `generate_autoregressive`."""
 
     def __init__(
-        self,
-        target,
-        draft: DraftInference | None = None,
-        *,
-        policy: VerifyPolicy | None = None,
-        sampling: Sampling | None = None,
-        max_length: int = 2048,
-        compile: bool = False,
-        kv_bucket: int | None = None,
-        time_rounds: bool = True,
-        observer: DecodeObserver | None = None,
-        cpu_fast_paths: bool = True,
-        exact_rows: bool | None = None,
-        **options: Any,
+        self, target, draft: DraftInference | None = None, options: DecoderOptions | None = None
     ):
-        picked = {k: options.pop(k) for k in SAMPLING_OPTIONS if k in options}
-        if sampling is not None and picked:
-            raise TypeError(f"pass sampling= or {sorted(picked)}, not both")
-        self.sampling = sampling or Sampling(**picked)
-        if policy is not None and options:
-            raise TypeError(f"pass policy= or {sorted(options)}, not both")
-        self.policy = policy or VerifyPolicy(options.pop("verify_policy", None), **options)
-        self.target, self.draft = target, draft
+        self.options = options = options if options is not None else DecoderOptions()
+        self.target, self.draft, self.policy = target, draft, options.policy
         self.device = next(target.parameters()).device
         self.policy.attach(target, draft, self.device)
-        self.max_length, self.time_rounds, self.observer = max_length, time_rounds, observer
-        self.kv_bucket = kv_bucket or (128 if compile else 16)
         self.gamma = int(draft.config.block_size) if draft is not None else 0
         self.mask_token_id = int(draft.config.mask_token_id) if draft is not None else 0
         taps = list(draft.config.target_layer_ids) if draft is not None else []
-        self.cpu_fast_paths = cpu_fast_paths
-        self.runner = TargetRunner(target, taps, cpu_fast_paths=cpu_fast_paths)
-        self._exact_rows, self._compiled = exact_rows, compile
+        self.runner = TargetRunner(
+            target, taps, cpu_fast_paths=options.cpu_fast_paths, exact_rows=options.exact_rows
+        )
         # a reduced draft vocabulary's kept target ids (None: the draft scores all V)
         self.draft_vocab = DraftVocab.of(draft, self.device) if draft is not None else None
         self._target_cache: TargetKVCache | None = None
         self._ctx_cache: DraftContextCache | None = None
-        if compile:
+        if options.compile:
             self.runner.compile(dynamic=True)
 
     @property
     def exact_rows(self) -> bool:
-        """Whether batch-1 verify passes run row-exact (row_attention.py): as asked, else the
-        default for the target's device and its dtype now."""
-        return exact_rows_for(self.target, self._exact_rows, self._compiled)
-
-    # callers read and set the sampling settings between calls (dspark/data/decoder_backend.py)
-    @property
-    def greedy(self) -> bool:
-        return self.sampling.greedy
-
-    @property
-    def temperature(self) -> float:
-        return self.sampling.temperature
-
-    @temperature.setter
-    def temperature(self, value: float) -> None:
-        self.sampling = Sampling(float(value), self.sampling.top_k, self.sampling.top_p)
-
-    @property
-    def top_k(self) -> int:
-        return self.sampling.top_k
-
-    @top_k.setter
-    def top_k(self, value: int) -> None:
-        self.sampling = Sampling(self.sampling.temperature, int(value), self.sampling.top_p)
-
-    @property
-    def top_p(self) -> float:
-        return self.sampling.top_p
-
-    @top_p.setter
-    def top_p(self, value: float) -> None:
-        self.sampling = Sampling(self.sampling.temperature, self.sampling.top_k, float(value))
+        """Whether batch-1 verify passes run row-exact (`TargetRunner.exact_rows`)."""
+        return self.runner.exact_rows
 
     # ----------------------------------------------------------------- speculative
     @torch.inference_mode()
@@ -176,39 +103,41 @@ class SpeculativeDecoder:
         gen = self._generator(seed)
         out, batch = self._prefill(input_ids, max_new_tokens, eos_token_id, gen, tapped=True)
         while batch:
-            batch.start_round()
-            t_draft = time.perf_counter()
-            # the most drafts a row may verify: one token of its budget goes to the target
-            caps = [min(self.gamma, out.room(b) - 1) for b in batch.requests]
-            prop, verify_len, verified = self._draft(batch, caps, gen)
-            t_verify = self._clock()
-            accepted, nxt, drafts = self._verify(batch, prop, verify_len, max(verified), gen)
-            # the one host sync of the round: accept counts, next tokens, drafts
-            host = torch.cat([accepted[:, None], nxt[:, None], drafts], dim=1).tolist()
-            conf = prop.confidence.tolist() if prop.confidence is not None else None
-            n_acc = [h[0] for h in host]
-            self.policy.observe(conf, verified, n_acc)
-            draft_s = t_verify - t_draft if prop.tokens.shape[1] else 0.0  # 0: skipped
-            verify_s = time.perf_counter() - t_verify
-            out.record_round(batch.requests, draft_s, verify_s, verified, n_acc, conf)
-            self._commit(out, batch, [h[2 : 2 + h[0]] + [h[1]] for h in host], nxt)
+            self._round(out, batch, gen)
         return out.finish()
 
-    def _draft(
-        self, batch: LiveBatch, caps: list[int], gen
-    ) -> tuple[DraftProposal, torch.Tensor, list[int]]:
-        """The round's proposal and the drafts each row verifies (device tensor, host list):
-        nothing on a round the policy's draft gate skips (a plain AR step that still feeds the
-        draft's context)."""
+    def _round(self, out: GenerationOutput, batch: LiveBatch, gen) -> None:
+        """Propose, verify, accept, advance; the policy says how far to draft and how many
+        drafts each row verifies (0 drafted when its draft gate skips the round)."""
+        batch.start_round()
+        t_draft = time.perf_counter()
+        # the most drafts a row may verify: one token of its budget goes to the target
+        caps = self._caps([min(self.gamma, out.room(b) - 1) for b in batch.requests])
+        prop = self._propose(batch, self.policy.draft_steps(caps), gen)
+        verify_len, verified = self.policy.lengths(prop.confidence, prop.capped(caps))
+        t_verify = self._clock()
+        accepted, nxt, drafts = self._verify(batch, prop, verify_len, max(verified), gen)
+        # the one host sync of the round: accept counts, next tokens, drafts
+        host = torch.cat([accepted[:, None], nxt[:, None], drafts], dim=1).tolist()
+        n_acc, conf = [h[0] for h in host], prop.host_confidence()
+        self.policy.observe(conf, verified, n_acc)
+        draft_s = t_verify - t_draft if prop.drafted else 0.0
+        verify_s = time.perf_counter() - t_verify
+        out.record_round(batch.requests, draft_s, verify_s, verified, n_acc, conf)
+        self._commit(out, batch, [h[2 : 2 + h[0]] + [h[1]] for h in host], nxt)
+
+    def _caps(self, caps: list[int]) -> list[int]:
+        """The most drafts each live row may verify this round (the budget's bound, 0..gamma);
+        a subclass may lower them (dspark/eval/capped_decoder.py)."""
+        return caps
+
+    def _propose(self, batch: LiveBatch, steps: int | None, gen) -> DraftProposal:
+        """The draft's first `steps` tokens after each row's anchor (None: the whole block),
+        over the context cache's slots before the anchor (draft_step.py)."""
         assert self.draft is not None and batch.ctx is not None and batch.anchors is not None
-        live = len(batch)
-        caps = self._caps(caps)
-        if not self.policy.should_draft(live, max(caps)):  # it would not pay
-            none = torch.zeros(live, dtype=torch.long, device=self.device)
-            return DraftProposal.nothing(batch.anchors), none, [0] * live
-        ctx_len = bucket(max(batch.positions), self.kv_bucket, batch.cache.max_len)
+        ctx_len = bucket(max(batch.positions), self.options.bucket, batch.cache.max_len)
         slots = torch.arange(ctx_len, device=self.device)
-        prop = propose(
+        return propose(
             self.draft,
             batch.anchors,
             batch.anchor_pos,
@@ -216,22 +145,15 @@ class SpeculativeDecoder:
             slots[None, :] < batch.anchor_pos[:, None],
             gamma=self.gamma,
             mask_token_id=self.mask_token_id,
-            temperature=self.sampling.temperature,
-            top_k=self.sampling.top_k,
-            top_p=self.sampling.top_p,
+            temperature=self.options.sampling.temperature,
+            top_k=self.options.sampling.top_k,
+            top_p=self.options.sampling.top_p,
             generator=gen,
             confidence_temperatures=self.policy.confidence_temperatures,
-            cpu_fast_paths=self.cpu_fast_paths,
+            cpu_fast_paths=self.options.cpu_fast_paths,
             vocab=self.draft_vocab,
-            # a full-block policy verifies exactly the caps: draft no further than the largest
-            steps=max(1, *caps) if self.policy.kind == "full" else None,
+            steps=steps,
         )
-        return (prop, *self.policy.lengths(prop.confidence, caps))
-
-    def _caps(self, caps: list[int]) -> list[int]:
-        """The most drafts each live row may verify this round (the budget's bound, 1..gamma);
-        a subclass may lower them (dspark/eval/capped_decoder.py)."""
-        return caps
 
     def _verify(self, batch: LiveBatch, prop: DraftProposal, verify_len, n_verify: int, gen):
         """One target pass over [anchor, x_1..x_L] (L = `n_verify`), acceptance, and the
@@ -241,7 +163,7 @@ class SpeculativeDecoder:
         ids = torch.cat([batch.anchors[:, None], drafts], dim=1)
         logits, taps, pos = self._target_pass(batch, ids, tapped=True)
         accepted, nxt = accept(
-            drafts, logits, verify_len, self.sampling, prop.q, prop.vocab, generator=gen
+            drafts, logits, verify_len, self.options.sampling, prop.q, prop.vocab, generator=gen
         )
         batch.ctx.write(
             self.draft.context_kv(self.draft.encode_context(taps), pos), pos, batch.start
@@ -290,7 +212,7 @@ class SpeculativeDecoder:
             t_step = time.perf_counter()
             assert batch.anchors is not None
             logits, _, _ = self._target_pass(batch, batch.anchors[:, None])
-            tok = self.sampling.pick(logits[:, 0], batch.generator)
+            tok = self.options.sampling.pick(logits[:, 0], batch.generator)
             host = tok.tolist()
             out.record_round(batch.requests, 0.0, time.perf_counter() - t_step)
             self._commit(out, batch, [[t] for t in host], tok)
@@ -336,7 +258,7 @@ class SpeculativeDecoder:
         bsz, width = ids.shape
         rows = cache.rows(live, live + bsz)
         last = torch.tensor(lens, device=self.device) - 1
-        kv_len = bucket(width, self.kv_bucket, cache.max_len)
+        kv_len = bucket(width, self.options.bucket, cache.max_len)
         logits, taps = self.runner.forward(
             ids, pos, rows, kv_len, start=0, tapped=tapped, logits_at=last
         )
@@ -344,11 +266,11 @@ class SpeculativeDecoder:
             assert self.draft is not None and ctx is not None and live == 0
             ctx.write(self.draft.context_kv(self.draft.encode_context(taps), pos), pos, start=0)
         gen = [generator[r] for r in requests] if isinstance(generator, list) else generator
-        first = self.sampling.pick(logits, gen)
+        first = self.options.sampling.pick(logits, gen)
         host = first.tolist()
         # each row's anchor so far is its prompt's last token: the first token goes one after
         anchor_pos = [n - 1 for n in lens]
-        new = LiveBatch(list(requests), anchor_pos, rows, ctx, self.observer, None, gen)
+        new = LiveBatch(list(requests), anchor_pos, rows, ctx, self.options.observer, None, gen)
         self._commit(out, new, [[t] for t in host], first)
         if batch is None:
             return new
@@ -360,12 +282,10 @@ class SpeculativeDecoder:
         `(logits [R, n, V], tapped features or None, positions [R, n])`."""
         n = ids.shape[1]
         pos = batch.anchor_pos[:, None] + torch.arange(n, device=self.device)
-        cap = batch.cache.max_len
-        kv_len = bucket(max(batch.positions) + n, self.kv_bucket, cap)
-        rows = None
-        if n > 1 and len(batch.positions) == 1 and self.exact_rows:
-            # row i attends what the 1-token step at its position would (row_attention.py)
-            rows = row_kv_lengths(batch.positions[0], n, self.kv_bucket, cap)
+        cap, kv_bucket = batch.cache.max_len, self.options.bucket
+        kv_len = bucket(max(batch.positions) + n, kv_bucket, cap)
+        # None, or per query row the KV length a 1-token step there attends (row-exact)
+        rows = self.runner.row_kv_lens(batch.positions, n, kv_bucket, cap)
         logits, taps = self.runner.forward(
             ids, pos, batch.cache, kv_len, start=batch.start, tapped=tapped, row_kv_lens=rows
         )
@@ -380,13 +300,13 @@ class SpeculativeDecoder:
         batch.advance([len(c) for c in committed], anchors, done)
 
     def _caches(self, batch: int, max_len: int, with_ctx: bool):
-        if max_len > self.max_length:
+        if max_len > self.options.max_length:
             raise ValueError(
                 f"prompt + max_new_tokens + spare slots = {max_len} exceeds "
-                f"max_length={self.max_length}; raise max_length"
+                f"max_length={self.options.max_length}; raise max_length"
             )
         if self._target_cache is None or not self._target_cache.fits(batch, max_len):
-            size = min(self.max_length, bucket(max_len, 64, self.max_length))
+            size = min(self.options.max_length, bucket(max_len, 64, self.options.max_length))
             self._target_cache = TargetKVCache.for_model(self.target, batch, size)
             self._ctx_cache = None
         if with_ctx and (self._ctx_cache is None or not self._ctx_cache.fits(batch, max_len)):
@@ -395,7 +315,7 @@ class SpeculativeDecoder:
 
     def _clock(self) -> float:
         """Now, after the device's queued work when rounds are timed."""
-        if self.time_rounds:
+        if self.options.time_rounds:
             sync(self.device)
         return time.perf_counter()
 

@@ -9,7 +9,7 @@ so the proposal and the Markov head's previous token are target ids.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +38,19 @@ class DraftProposal:
         """No drafts for the rows of `anchor [B]` (a round the draft gate skips)."""
         return cls(anchor.new_zeros((anchor.shape[0], 0)), None, None)
 
+    @property
+    def drafted(self) -> int:
+        """Drafts proposed per row (0 on a round the draft gate skips)."""
+        return self.tokens.shape[1]
+
+    def capped(self, caps: Sequence[int]) -> list[int]:
+        """Each row's cap, at most the drafts proposed: no row verifies a draft not made."""
+        return [min(c, self.drafted) for c in caps]
+
+    def host_confidence(self) -> list[list[float]] | None:
+        """The confidences on the host (one sync), as the output records them."""
+        return self.confidence.tolist() if self.confidence is not None else None
+
 
 def propose(
     draft: DraftInference,
@@ -58,7 +71,8 @@ def propose(
     steps: int | None = None,
 ) -> DraftProposal:
     """Draft `gamma` tokens after `anchor [B]` sitting at `anchor_pos [B]`; with `steps`
-    (1..gamma), only the first `steps` of them (a round that verifies no more).
+    (1..gamma), only the first `steps` of them (a round that verifies no more); `steps=0`
+    drafts nothing (`DraftProposal.nothing`: a round the verify policy's draft gate skips).
 
     The block pass always covers all gamma slots, so the first `steps` tokens and their
     confidences are exactly those of the whole block (the Markov loop is causal); only the
@@ -68,6 +82,8 @@ def propose(
     `cpu_fast_paths`: the CPU lm_head form and the T = 0 Markov pruning (cpu_paths.py).
     `vocab`: the draft's reduced vocabulary (None: read it from the draft, `DraftVocab.of`).
     """
+    if steps == 0:
+        return DraftProposal.nothing(anchor)
     if vocab is None:
         vocab = DraftVocab.of(draft, anchor.device)
     # draft ids -> target ids (identity for a full vocabulary)
@@ -95,26 +111,15 @@ def propose(
     state = head.init_state(bsz)
     prev = anchor  # [B] target ids: the Markov head reads W1 [V, r] at the previous token
     picked: list[torch.Tensor] = []
-    qs: list[torch.Tensor] = []
+    qs: list = []  # q_k per slot (None at T = 0)
     feats: list[torch.Tensor] = []
-    pruner = GreedyPruner.for_round(head, greedy, h.device) if cpu_fast_paths else None
+    step = markov_step(head, h.device, temperature, top_k, top_p, generator, cpu_fast_paths)
     for k in range(n):
-        if pruner is not None:  # its argmax is a draft id
-            pick, feat, state = pruner.step(logits[:, k], h[:, k], prev, state)
-            prev = to_target(pick)
-            picked.append(prev)
-            feats.append(feat)
-            continue
-        bias, feat, state = head.step(h[:, k], prev, state)  # bias [B, V or K]
-        logit_k = logits[:, k] + bias.float()
-        if greedy:
-            prev = to_target(logit_k.argmax(-1))
-        else:
-            q_k = warp(logit_k, temperature, top_k, top_p)
-            prev = to_target(sample(q_k, generator))
-            qs.append(q_k)
+        pick, feat, state, q_k = step(logits[:, k], h[:, k], prev, state)  # pick: a draft id
+        prev = to_target(pick)
         picked.append(prev)
         feats.append(feat)
+        qs.append(q_k)
     conf = None
     if conf_head is not None:  # one call for all slots, after the serial loop
         flat_feat = torch.stack(feats, 1).reshape(bsz * n, -1)
@@ -126,6 +131,31 @@ def propose(
         conf,
         vocab,
     )
+
+
+# (u_k [B, K], h_k [B, H], prev [B] target ids, state) -> (pick [B] draft ids, feat, state, q_k)
+MarkovStep = Callable[..., tuple[torch.Tensor, torch.Tensor, object, torch.Tensor | None]]
+
+
+def markov_step(
+    head, device, temperature, top_k, top_p, generator, cpu_fast_paths: bool = True
+) -> MarkovStep:
+    """The serial loop's step for one slot, chosen once per round: at T = 0 on a CPU, the
+    pruned step of cpu_paths.py (`GreedyPruner`, same argmax); else the head's own `step`, then
+    the argmax, or one sample of the warped draft distribution q_k (also returned)."""
+    pruner = GreedyPruner.for_round(head, temperature <= 0, device) if cpu_fast_paths else None
+    if pruner is not None:
+        return pruner.pick
+
+    def step(u_k, h_k, prev, state):
+        bias, feat, state = head.step(h_k, prev, state)  # bias [B, V or K]
+        logit_k = u_k + bias.float()
+        if temperature <= 0:
+            return logit_k.argmax(-1), feat, state, None
+        q_k = warp(logit_k, temperature, top_k, top_p)
+        return sample(q_k, generator), feat, state, q_k
+
+    return step
 
 
 def _identity(ids: torch.Tensor) -> torch.Tensor:

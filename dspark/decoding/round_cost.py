@@ -103,7 +103,7 @@ class RoundBench:
         step = slice(self.context_len, self.context_len + n)
         kv_len = bucket(self.context_len + n, 16, self.max_len)
         rows = None
-        if self.exact_rows and n > 1:  # as SpeculativeDecoder._target_pass
+        if self.exact_rows and n > 1:  # as TargetRunner.row_kv_lens
             rows = row_kv_lengths(self.context_len, n, 16, self.max_len)
         return self.runner.forward(
             self.ids[:, step],

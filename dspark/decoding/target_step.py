@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from dspark.decoding.cache import TargetKVCache, causal_mask
+from dspark.decoding.cache import TargetKVCache, causal_mask, row_kv_lengths
 from dspark.decoding.cpu_paths import matvec_head_logits
-from dspark.decoding.row_attention import base_attention_of, dispatching_rows
+from dspark.decoding.row_attention import base_attention_of, dispatching_rows, exact_rows_for
 from dspark.decoding.row_linear import dispatching_row_linears, row_dependent_linears
 
 FAST_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -35,9 +35,12 @@ class TargetRunner:
         tap_ids: list[int] | tuple[int, ...] = (),
         fast: bool | None = None,
         cpu_fast_paths: bool = True,
+        exact_rows: bool | None = None,
     ):
         self.model = model
         self.cpu_fast_paths = cpu_fast_paths  # the CPU lm_head path (cpu_paths.py)
+        # row-exact batch-1 passes as asked (None: the default for the device and dtype)
+        self.exact_rows_asked, self.compiled = exact_rows, False
         self.tap_ids = list(tap_ids)
         self.num_layers = model.config.num_hidden_layers
         base = getattr(model, "model", None)
@@ -55,6 +58,23 @@ class TargetRunner:
 
     def compile(self, **kwargs):
         self._core = torch.compile(self._core, **kwargs)
+        self.compiled = True  # row-exact dispatch sits outside a compiled graph: off by default
+
+    @property
+    def exact_rows(self) -> bool:
+        """Whether batch-1 passes run row-exact (row_attention.py): as asked, else the default
+        for the target's device and its dtype now."""
+        return exact_rows_for(self.model, self.exact_rows_asked, self.compiled)
+
+    def row_kv_lens(
+        self, positions: list[int], n: int, kv_bucket: int, cap: int
+    ) -> list[int] | None:
+        """For a pass of `n` tokens from each row's `positions`: where it runs row-exact (one
+        row, n > 1, `exact_rows`), the KV length each query row attends, as the 1-token step at
+        its position would (`forward(row_kv_lens=)`); else None (one batched pass)."""
+        if n > 1 and len(positions) == 1 and self.exact_rows:
+            return row_kv_lengths(positions[0], n, kv_bucket, cap)
+        return None
 
     def forward(
         self,

@@ -56,8 +56,9 @@ def threshold_lengths(confidence: torch.Tensor, threshold: float) -> torch.Tenso
 class VerifyPolicy:
     """`full | threshold | scheduler` (module docstring); `kind=None` picks `threshold` when a
     `confidence_threshold` is set and the draft has a confidence head, else `full`. The
-    decoder binds it to its models once (`attach`), then asks per round `should_draft`, then
-    `lengths`, and tells it what verification realized (`observe`)."""
+    decoder binds it to its models once (`attach`), then asks per round how far to draft
+    (`draft_steps`, where the draft gate has its say), then how many drafts each request
+    verifies (`lengths`), and tells it what verification realized (`observe`)."""
 
     def __init__(
         self,
@@ -128,9 +129,15 @@ class VerifyPolicy:
             )
 
     # ------------------------------------------------------------------ per round
-    def should_draft(self, live: int, max_cap: int) -> bool:
-        """Before a round of `live` requests (`max_cap`: the most drafts any may verify)."""
-        return self.gate is None or self.gate.should_draft(live, max_cap)
+    def draft_steps(self, caps: Sequence[int]) -> int | None:
+        """Before a round, from its caps (per live request, the most drafts it may verify): how
+        many tokens the draft proposes. 0 where the draft gate skips the draft (the round is a
+        plain AR step that still feeds the draft's context); under `full` the largest cap (it
+        verifies exactly its caps, so drafting further is waste); else None, the whole block
+        (the confidence policies read every slot)."""
+        if self.gate is not None and not self.gate.should_draft(len(caps), max(caps)):
+            return 0
+        return max(1, *caps) if self.kind == "full" else None
 
     def lengths(
         self, confidence: torch.Tensor | None, caps: Sequence[int]

@@ -10,12 +10,12 @@ bidirectional block pass); under the full-block policy its serial Markov loop st
 
 from __future__ import annotations
 
-from dspark.decoding import SpeculativeDecoder
+from dspark.decoding import DecoderOptions, SpeculativeDecoder
 
 
 class CappedVerifyDecoder(SpeculativeDecoder):
-    def __init__(self, *args, max_verify: int, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, target, draft, options: DecoderOptions | None = None, *, max_verify: int):
+        super().__init__(target, draft, options)
         if not 1 <= max_verify:
             raise ValueError(f"max_verify={max_verify} must be >= 1")
         self.max_verify = int(max_verify)

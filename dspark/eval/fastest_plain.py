@@ -55,7 +55,7 @@ def plain_decoders(cfg, target, skip: dict | None = None) -> dict[str, object]:
     """dtype name -> a plain `SpeculativeDecoder` over a copy of `target` in that dtype, for
     each of `cfg.baseline_dtypes` other than the target's own and those in `skip`
     (`probe_skipped`)."""
-    from dspark.decoding import SpeculativeDecoder
+    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
 
     own = dtype_name(next(target.parameters()).dtype)
     out: dict[str, object] = {}
@@ -67,11 +67,11 @@ def plain_decoders(cfg, target, skip: dict | None = None) -> dict[str, object]:
         out[d] = SpeculativeDecoder(
             copy_,
             None,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            max_length=int(getattr(target.config, "max_position_embeddings", 0) or 32768),
-            compile=cfg.compile,
+            DecoderOptions(
+                Sampling(cfg.temperature, cfg.top_k, cfg.top_p),
+                max_length=int(getattr(target.config, "max_position_embeddings", 0) or 32768),
+                compile=cfg.compile,
+            ),
         )
     return out
 

@@ -143,6 +143,7 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     import json
     from pathlib import Path
 
+    from dspark.decoding import DecoderOptions, Sampling, VerifyPolicy
     from dspark.errors import BadInputError
     from dspark.eval.auto_settings import choose as choose_settings
     from dspark.eval.benchmark_config import check
@@ -163,21 +164,21 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
             f"{cfg.draft} has no confidence head; use verify_policy=full (or null)"
         )
     auto = choose_settings(cfg, target, draft)  # dtype=auto casts both here
-    decoder = CappedVerifyDecoder(
-        target,
-        draft,
-        max_verify=auto["verify_length"]["chosen"],
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        top_k=cfg.top_k,
+    policy = VerifyPolicy(
+        cfg.verify_policy,
         confidence_threshold=cfg.confidence_threshold,
-        verify_policy=cfg.verify_policy,
         scheduler_batch=cfg.scheduler_batch,
         calibrate=cfg.calibrate,
+    )
+    options = DecoderOptions(
+        Sampling(cfg.temperature, cfg.top_k, cfg.top_p),
+        policy,
         max_length=int(getattr(target.config, "max_position_embeddings", 0) or 32768),
         compile=cfg.compile,
         exact_rows=cfg.exact_rows,
     )
+    max_verify = auto["verify_length"]["chosen"]
+    decoder = CappedVerifyDecoder(target, draft, options, max_verify=max_verify)
     layers = None
     assistant = None
     if "hf_assisted" in cfg.baselines.run:

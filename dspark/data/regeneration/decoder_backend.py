@@ -27,6 +27,7 @@ from dspark.data.regeneration.sampling import (
     reply_from_tokens,
     stop_token_ids,
 )
+from dspark.decoding.sampling import Sampling
 
 
 class DecoderBackend:
@@ -47,7 +48,7 @@ class DecoderBackend:
         batch_size: int = 32,
         max_length: int | None = None,
     ):
-        from dspark.decoding import SpeculativeDecoder
+        from dspark.decoding import DecoderOptions, SpeculativeDecoder
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -58,7 +59,7 @@ class DecoderBackend:
         self.max_length = max_length or int(
             getattr(model.config, "max_position_embeddings", None) or 4096
         )
-        self.decoder = SpeculativeDecoder(model, None, max_length=self.max_length)
+        self.decoder = SpeculativeDecoder(model, None, DecoderOptions(max_length=self.max_length))
 
     @property
     def device(self):
@@ -96,8 +97,7 @@ class DecoderBackend:
             else:
                 ok.append(i)
         dec = self.decoder
-        dec.temperature = float(sampling.temperature)
-        dec.top_k, dec.top_p = int(sampling.top_k), float(sampling.top_p)
+        dec.options.sampling = Sampling(sampling.temperature, sampling.top_k, sampling.top_p)
         # shortest first (ties by position): rows decoding together have similar lengths; the
         # decoder keeps `batch_size` of them live, a finished row's slot taking the next one
         order = sorted(ok, key=lambda i: (len(ids[i]), i))
