@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from dspark.errors import BadInputError
-from dspark.export.gguf import ARCH, LAYER_NAMES, TOP_NAMES
+from dspark.export.gguf_names import ARCH, LAYER_NAMES, TOP_NAMES
 
 _FROM_GGUF = {v: k for k, v in TOP_NAMES.items()}
 _LAYER_FROM_GGUF = {v: k for k, v in LAYER_NAMES.items()}

@@ -8,6 +8,7 @@ loss-mask code is exercised on templates that differ the way real ones do.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -168,7 +169,5 @@ def build_tiny_target(
     try:
         os.replace(tmp, out)
     except OSError:  # another process won the race; theirs is equally valid
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     return out

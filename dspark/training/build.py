@@ -43,7 +43,7 @@ def build_draft(
     d = cfg.draft
     V = int(target.config.vocab_size)
     if d.init_from:
-        from dspark.export import load_draft  # ours, DeepSpec's or speculators' layout
+        from dspark.export import load_draft
 
         draft = load_draft(d.init_from).train()  # names the layouts it knows on a bad dir
         if draft.config.hidden_size != target.config.hidden_size:
