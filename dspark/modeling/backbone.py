@@ -134,7 +134,10 @@ def training_flex_block_mask(
 
 def flex_attention_available() -> bool:
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # probe: torch may lack it  # noqa: F401
+        from torch.nn.attention.flex_attention import (  # probe: torch may lack it  # noqa: F401
+            create_block_mask,
+            flex_attention,
+        )
     except ImportError:
         return False
     return torch.cuda.is_available()
