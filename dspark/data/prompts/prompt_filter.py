@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from dspark.data.prompts.named_sets import read_prompt_file
 from dspark.errors import BadInputError, MissingPathError
 from dspark.paths import bench_dir_or_none
 
@@ -233,7 +234,6 @@ def read_bench_texts(bench_dir: str | Path) -> list[tuple[str, str]]:
             f"--bench-dir {bench_dir} holds no *.jsonl bench set; point it at the folder of "
             "the bench sets (gsm8k.jsonl, mt-bench.jsonl, ...)"
         )
-    from dspark.data.prompts.named_sets import read_prompt_file
 
     return [
         (path.stem, t) for path in files for row in read_prompt_file(path) for t in row["turns"]

@@ -27,6 +27,7 @@ from dspark.data.regeneration.sampling import (
     reply_from_tokens,
     stop_token_ids,
 )
+from dspark.decoding import SpeculativeDecoder
 
 
 class DecoderBackend:
@@ -47,8 +48,6 @@ class DecoderBackend:
         batch_size: int = 32,
         max_length: int | None = None,
     ):
-        from dspark.decoding import SpeculativeDecoder
-
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.tok = model, tokenizer
