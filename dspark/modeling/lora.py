@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 from typing import TypeVar
 
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import LoraLayer
 from torch import nn
 
 # The frozen copies of the target's embeddings / lm_head are never adapted.
@@ -22,16 +24,12 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def has_lora(model: nn.Module) -> bool:
-    from peft.tuners.lora import LoraLayer
-
     return any(isinstance(m, LoraLayer) for m in model.modules())
 
 
 def apply_lora(draft: nn.Module, r: int, alpha: float, target_modules, dropout: float = 0.0) -> int:
     """Inject LoRA adapters into `draft` in place and freeze everything else; returns the
     number of trainable parameters."""
-    from peft import LoraConfig, inject_adapter_in_model
-
     mods = list(target_modules)
     bad = [m for m in mods if m in FROZEN]
     if bad:
@@ -59,8 +57,6 @@ def apply_lora(draft: nn.Module, r: int, alpha: float, target_modules, dropout: 
 
 def merged_copy(model: M) -> M:
     """A copy of `model` with every LoRA adapter merged into its base layer and removed."""
-    from peft.tuners.lora import LoraLayer
-
     out = copy.deepcopy(model)
     for name, module in list(out.named_modules()):
         if isinstance(module, LoraLayer):

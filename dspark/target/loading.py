@@ -6,15 +6,20 @@ spellings and the errors for bad ones live here alone.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dspark.errors import BadInputError, MissingPathError
 from dspark.paths import cache_root
+from dspark.target.tiny import TINY_ARCHS, build_tiny_target
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -61,8 +66,6 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
             )
         return str(path)
     if spec.startswith(TINY_PREFIX):
-        from dspark.target.tiny import TINY_ARCHS, build_tiny_target
-
         arch = spec[len(TINY_PREFIX) :]
         if arch not in TINY_ARCHS:
             raise TargetNotFoundError(
@@ -87,8 +90,6 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
             f"`{PREPARE_HINT}`), or tiny-llama / tiny-qwen2 / tiny-qwen3."
         )
     if _offline():
-        from huggingface_hub import try_to_load_from_cache
-
         cached = try_to_load_from_cache(spec, "config.json")
         if not isinstance(cached, str):
             raise TargetNotFoundError(
@@ -129,7 +130,6 @@ def adapter_base(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
     cfg_file = p / ADAPTER_CONFIG
     if not cfg_file.is_file():
         return None
-    import json
 
     base = json.loads(cfg_file.read_text()).get("base_model_name_or_path")
     if not base:
@@ -159,8 +159,6 @@ def eos_ids(tokenizer, target) -> list[int]:
 def load_tokenizer(
     spec: str, cache_dir: str | os.PathLike | None = None
 ) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
-
     base = adapter_base(spec, cache_dir)
     if base is not None and not (Path(spec) / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(base)
@@ -182,8 +180,6 @@ def load_target(
     base + adapter. Its tokenizer is the adapter directory's own when it ships one, else the
     base's.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     base = adapter_base(spec, cache_dir)
     where = base if base is not None else resolve_target(spec, cache_dir)
     tokenizer = load_tokenizer(spec, cache_dir) if base is not None else None
@@ -192,8 +188,6 @@ def load_target(
         where, dtype=_as_dtype(dtype), attn_implementation=attn_implementation
     )
     if base is not None:
-        from peft import PeftModel
-
         model = PeftModel.from_pretrained(model, str(Path(spec).expanduser())).merge_and_unload()
     # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
     model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]

@@ -7,13 +7,25 @@ loss-mask code is exercised on templates that differ the way real ones do.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import shutil
+import string
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
@@ -69,11 +81,6 @@ _TEMPLATES = {"llama": _LLAMA_TEMPLATE, "qwen2": _QWEN2_TEMPLATE, "qwen3": _QWEN
 
 def _corpus() -> list[str]:
     """Deterministic English-and-code text to train the tiny BPE on (stdlib docstrings)."""
-    import collections
-    import json
-    import string
-    import textwrap
-
     texts = []
     for mod in (json, string, textwrap, collections, os):
         texts.append(mod.__doc__ or "")
@@ -86,9 +93,6 @@ def _corpus() -> list[str]:
 
 
 def build_tiny_tokenizer(arch: str, vocab_size: int = 384) -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     specials = _SPECIALS[arch]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -113,8 +117,6 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384) -> PreTrainedTokenize
 def tiny_config(
     arch: str, vocab_size: int, num_layers: int = 4, **overrides: Any
 ) -> PretrainedConfig:
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
     kw = dict(
         vocab_size=vocab_size,
@@ -140,8 +142,6 @@ def build_tiny_target(
     Atomic: built in a sibling temp dir and renamed, so a killed build leaves nothing that a
     later call would trust.
     """
-    from transformers import AutoModelForCausalLM
-
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny target architecture {arch!r}; choose one of {TINY_ARCHS}")
     out = Path(out_dir)
