@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,8 +37,15 @@ import torch
 
 from dspark.errors import BadInputError
 from dspark.export.gguf_names import ARCH, gguf_name
+from dspark.export.layouts import export_state
+from dspark.export.load import load_draft
+from dspark.export.vocab import export_kept_ids
 from dspark.fileio import current_umask
 from dspark.locking import CACHE_WAIT_S, exclusive_output
+from dspark.modeling.lora import has_lora, merged_copy
+from dspark.paths import cache_root
+from dspark.target.loading import EMBEDDED_ALIASES, resolve_target
+from dspark.target.prepare import GGUF_FILE, gguf_location
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 # target families whose llama.cpp graph exposes layer inputs (what the draft reads)
@@ -112,16 +122,10 @@ def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
     """(config, float32 state with `d2t` offsets when reduced) of a model or a draft dir of
     any layout; a draft that is already reduced keeps its own rows and d2t (`draft_vocab` may
     only repeat its ids)."""
-    from dspark.export.layouts import export_state
-    from dspark.export.vocab import export_kept_ids
-
     if isinstance(draft, torch.nn.Module):
         model = draft
     else:
-        from dspark.export.load import load_draft
-
         model = load_draft(Path(draft).expanduser())  # names the file of a bad directory
-    from dspark.modeling.lora import has_lora, merged_copy
 
     if has_lora(model):  # LoRA-fine-tuned in memory: the merged weights
         model = merged_copy(model)
@@ -134,14 +138,10 @@ def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
 
 def _resolve_target(target: str | None, config) -> tuple[str, Path]:
     """("gguf" | "hf", path) of the target whose tokenizer metadata the file carries."""
-    from dspark.target.loading import EMBEDDED_ALIASES, resolve_target
-
     name = target or config.target_name_or_path
     if not name:
         raise BadInputError("the draft's config names no target; pass target=")
     if name in EMBEDDED_ALIASES:
-        from dspark.target.prepare import GGUF_FILE, gguf_location
-
         return "gguf", gguf_location() / GGUF_FILE
     if str(name).endswith(".gguf"):
         path = Path(name).expanduser()
@@ -153,7 +153,7 @@ def _resolve_target(target: str | None, config) -> tuple[str, Path]:
 
 def _data(arr: np.ndarray, gname: str, outtype: str):
     """(bytes-or-array, GGML type) of one tensor as llama.cpp's converter types it."""
-    import gguf
+    import gguf  # optional: gguf
 
     Q = gguf.GGMLQuantizationType
     if arr.ndim <= 1 or gname.endswith("_norm.weight") or not gname.endswith(".weight"):
@@ -186,9 +186,9 @@ def write_gguf(
     tokenizer whose rules `gguf_vocab` does not know. Written to a temporary file and renamed;
     an existing file is replaced only with `overwrite=True`.
     """
-    import gguf
+    import gguf  # optional: gguf
 
-    from dspark.export import gguf_vocab
+    from dspark.export import gguf_vocab  # optional: gguf (dspark.export.gguf_vocab imports it)
 
     if outtype not in OUTTYPES:
         raise BadInputError(f"unknown GGUF outtype {outtype!r}; use one of {OUTTYPES}")
@@ -292,8 +292,6 @@ def write_gguf(
 
 def default_llama_cpp_dir() -> Path:
     """Where `fetch_reference` unpacks llama.cpp (under the dspark cache)."""
-    from dspark.paths import cache_root
-
     return Path(cache_root()).joinpath(*LLAMA_CPP_DEFAULT)
 
 
@@ -311,10 +309,6 @@ def fetch_reference(dest: str | os.PathLike | None = None) -> Path:
 
 
 def _fetch(final: Path) -> None:
-    import subprocess
-    import sys
-    import tarfile
-
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps"]

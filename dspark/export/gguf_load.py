@@ -17,8 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from dspark.config import DSparkConfig
 from dspark.errors import BadInputError
 from dspark.export.gguf_names import ARCH, LAYER_NAMES, TOP_NAMES
+from dspark.modeling import DSparkDraftModel
+from dspark.modeling.vocab_map import mapping_from_ids
 
 _FROM_GGUF = {v: k for k, v in TOP_NAMES.items()}
 _LAYER_FROM_GGUF = {v: k for k, v in LAYER_NAMES.items()}
@@ -34,7 +37,7 @@ def _hf_name(name: str) -> str | None:
 
 
 def _values(t) -> np.ndarray:
-    import gguf
+    import gguf  # optional: gguf
 
     if np.issubdtype(t.data.dtype, np.integer) and t.data.dtype != np.uint8:
         return np.asarray(t.data)
@@ -43,11 +46,7 @@ def _values(t) -> np.ndarray:
 
 def load_gguf_draft(path: str | Path):
     """A float32 `DSparkDraftModel` (not yet frozen or moved) from a draft GGUF file."""
-    import gguf
-
-    from dspark.config import DSparkConfig
-    from dspark.modeling import DSparkDraftModel
-    from dspark.modeling.vocab_map import mapping_from_ids
+    import gguf  # optional: gguf
 
     path = Path(path)
     try:

@@ -25,8 +25,12 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from dspark.config import DSparkConfig
 from dspark.errors import BadInputError, MissingPathError, UserError
 from dspark.export.files import RESAVE, read_json, read_safetensors
+from dspark.export.gguf_load import load_gguf_draft
+from dspark.export.layouts import dspark_kwargs_from_speculators
+from dspark.modeling import DSparkDraftModel
 
 
 def _one_line(e: BaseException, lines: int = 4) -> str:
@@ -88,14 +92,9 @@ def load_draft(
     device: str | torch.device = "cpu",
 ):
     """A `DSparkDraftModel` (frozen embeddings / lm_head, eval mode) from any supported layout."""
-    from dspark.config import DSparkConfig
-    from dspark.modeling import DSparkDraftModel
-
     path = Path(path).expanduser()
     gguf_file = path / "draft.gguf" if path.is_dir() else path
     if gguf_file.suffix == ".gguf" and gguf_file.is_file() and not (path / "config.json").exists():
-        from dspark.export.gguf_load import load_gguf_draft
-
         model = load_gguf_draft(gguf_file)
         model.to(dtype)  # type: ignore[arg-type]  # (transformers' `to`, as below)
         model.freeze_target_copies()
@@ -113,8 +112,6 @@ def load_draft(
             raise BadInputError(f"{path} cannot be loaded as a draft: {_one_line(e)}") from None
     else:
         if layout == "speculators":
-            from dspark.export.layouts import dspark_kwargs_from_speculators
-
             kw = dspark_kwargs_from_speculators(raw, str(path / "config.json"))
         else:
             nested = raw["dflash_config"]
