@@ -27,10 +27,8 @@ from dspark.export.layouts import (
 )
 from dspark.export.load import load_draft, read_json
 from dspark.export.readme import render, render_llama_cpp
-from dspark.export.vocab import export_kept_ids
 from dspark.fileio import dumps_strict, staged_dir
 from dspark.locking import exclusive_output
-from dspark.modeling.lora import has_lora, merged_copy
 from dspark.target.loading import EMBEDDED_ALIASES, TINY_PREFIX, resolve_target
 
 FORMATS = ("deepspec", "speculators", "gguf")
@@ -221,6 +219,9 @@ def export_draft(
 
 def _export(draft, out: Path, fmt, torch_dtype, engine, verifier, draft_vocab, overwrite,
             gguf_outtype, threads) -> Path:  # fmt: skip
+    from dspark.export.vocab import export_kept_ids  # start-up: modeling imports slowly
+    from dspark.modeling.lora import has_lora, merged_copy  # start-up: modeling imports slowly
+
     source = "a DSparkDraftModel in memory"
     source_dir = None
     if not isinstance(draft, torch.nn.Module):

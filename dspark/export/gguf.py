@@ -39,10 +39,8 @@ from dspark.errors import BadInputError
 from dspark.export.gguf_names import ARCH, gguf_name
 from dspark.export.layouts import export_state
 from dspark.export.load import load_draft
-from dspark.export.vocab import export_kept_ids
 from dspark.fileio import current_umask
 from dspark.locking import CACHE_WAIT_S, exclusive_output
-from dspark.modeling.lora import has_lora, merged_copy
 from dspark.paths import cache_root
 from dspark.target.loading import EMBEDDED_ALIASES, resolve_target
 from dspark.target.prepare import GGUF_FILE, gguf_location
@@ -122,6 +120,9 @@ def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
     """(config, float32 state with `d2t` offsets when reduced) of a model or a draft dir of
     any layout; a draft that is already reduced keeps its own rows and d2t (`draft_vocab` may
     only repeat its ids)."""
+    from dspark.export.vocab import export_kept_ids  # start-up: modeling imports slowly
+    from dspark.modeling.lora import has_lora, merged_copy  # start-up: modeling imports slowly
+
     if isinstance(draft, torch.nn.Module):
         model = draft
     else:

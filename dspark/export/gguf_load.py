@@ -20,8 +20,6 @@ import torch
 from dspark.config import DSparkConfig
 from dspark.errors import BadInputError
 from dspark.export.gguf_names import ARCH, LAYER_NAMES, TOP_NAMES
-from dspark.modeling import DSparkDraftModel
-from dspark.modeling.vocab_map import mapping_from_ids
 
 _FROM_GGUF = {v: k for k, v in TOP_NAMES.items()}
 _LAYER_FROM_GGUF = {v: k for k, v in LAYER_NAMES.items()}
@@ -47,6 +45,9 @@ def _values(t) -> np.ndarray:
 def load_gguf_draft(path: str | Path):
     """A float32 `DSparkDraftModel` (not yet frozen or moved) from a draft GGUF file."""
     import gguf  # optional: gguf
+
+    from dspark.modeling import DSparkDraftModel  # start-up: modeling imports slowly
+    from dspark.modeling.vocab_map import mapping_from_ids  # start-up: modeling imports slowly
 
     path = Path(path)
     try:

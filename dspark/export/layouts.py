@@ -28,7 +28,6 @@ import torch
 
 from dspark.config import DSparkConfig
 from dspark.errors import BadInputError
-from dspark.modeling.vocab_map import ids_from_d2t, mapping_from_ids
 
 # DSparkConfig keys that are not part of a plain decoder-layer (Qwen3) config.
 DSPARK_KEYS = (
@@ -166,6 +165,11 @@ def export_state(
     """The draft's tensors in `dtype` (`d2t` int64 and `t2d` bool when `kept_ids` reduces the
     vocabulary: `lm_head` and `markov_w2` keep those rows only). A draft that is already
     reduced holds its K rows and maps: `kept_ids` must then be its own (`export_kept_ids`)."""
+    from dspark.modeling.vocab_map import (  # start-up: modeling imports slowly
+        ids_from_d2t,
+        mapping_from_ids,
+    )
+
     state = {k: v.detach().to("cpu") for k, v in draft.state_dict().items()}
     if "d2t" in state:  # reduced in the model itself: its rows and maps are the export's
         own = ids_from_d2t(state["d2t"], int(draft.config.vocab_size))

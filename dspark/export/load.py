@@ -30,7 +30,6 @@ from dspark.errors import BadInputError, MissingPathError, UserError
 from dspark.export.files import RESAVE, read_json, read_safetensors
 from dspark.export.gguf_load import load_gguf_draft
 from dspark.export.layouts import dspark_kwargs_from_speculators
-from dspark.modeling import DSparkDraftModel
 
 
 def _one_line(e: BaseException, lines: int = 4) -> str:
@@ -92,6 +91,8 @@ def load_draft(
     device: str | torch.device = "cpu",
 ):
     """A `DSparkDraftModel` (frozen embeddings / lm_head, eval mode) from any supported layout."""
+    from dspark.modeling import DSparkDraftModel  # start-up: modeling imports slowly
+
     path = Path(path).expanduser()
     gguf_file = path / "draft.gguf" if path.is_dir() else path
     if gguf_file.suffix == ".gguf" and gguf_file.is_file() and not (path / "config.json").exists():

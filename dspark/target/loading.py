@@ -13,9 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from huggingface_hub import try_to_load_from_cache
-from peft import PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dspark.errors import BadInputError, MissingPathError
 from dspark.paths import cache_root
@@ -90,6 +87,8 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
             f"`{PREPARE_HINT}`), or tiny-llama / tiny-qwen2 / tiny-qwen3."
         )
     if _offline():
+        from huggingface_hub import try_to_load_from_cache  # start-up: keeps dspark.target light
+
         cached = try_to_load_from_cache(spec, "config.json")
         if not isinstance(cached, str):
             raise TargetNotFoundError(
@@ -159,6 +158,8 @@ def eos_ids(tokenizer, target) -> list[int]:
 def load_tokenizer(
     spec: str, cache_dir: str | os.PathLike | None = None
 ) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer  # start-up: keeps dspark.target light
+
     base = adapter_base(spec, cache_dir)
     if base is not None and not (Path(spec) / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(base)
@@ -180,6 +181,11 @@ def load_target(
     base + adapter. Its tokenizer is the adapter directory's own when it ships one, else the
     base's.
     """
+    from transformers import (  # start-up: keeps dspark.target light
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
+
     base = adapter_base(spec, cache_dir)
     where = base if base is not None else resolve_target(spec, cache_dir)
     tokenizer = load_tokenizer(spec, cache_dir) if base is not None else None
@@ -188,6 +194,8 @@ def load_target(
         where, dtype=_as_dtype(dtype), attn_implementation=attn_implementation
     )
     if base is not None:
+        from peft import PeftModel  # heavy: peft takes seconds to import
+
         model = PeftModel.from_pretrained(model, str(Path(spec).expanduser())).merge_and_unload()
     # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function
     model.to(device).eval().requires_grad_(False)  # type: ignore[arg-type]

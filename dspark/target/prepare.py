@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationMixin
 
 from dspark.errors import MissingPackageError, MissingPathError
 from dspark.locking import CACHE_WAIT_S, exclusive_output
@@ -79,6 +78,8 @@ def greedy_answer(
     max_new_tokens: int = 48,
 ) -> tuple[str, int, float]:
     """Greedy chat answer; returns (text, new_tokens, seconds)."""
+    from transformers import GenerationMixin  # start-up: keeps dspark.target light
+
     assert isinstance(model, GenerationMixin)  # a causal LM (what load_target returns)
     ids = chat_ids(tokenizer, prompt)
     t0 = time.perf_counter()
@@ -102,6 +103,11 @@ def prepare_embedded_target(
     log: Callable[[str], object] = print,
 ) -> Path:
     """Build (once) and return the HF directory of SmolLM2-135M-Instruct."""
+    from transformers import (  # start-up: keeps dspark.target light
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
+
     final = embedded_target_dir(cache_dir)
     if (final / _DONE).exists() and not force:
         log(f"embedded target ready at {final} (cached)")
@@ -160,6 +166,11 @@ def prepare_embedded_target(
 @torch.no_grad()
 def _verify(path: Path, reference, ref_tokenizer, log) -> None:
     """Reloaded logits must equal the GGUF-loaded model's, and tokenization must agree."""
+    from transformers import (  # start-up: keeps dspark.target light
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
+
     tok = AutoTokenizer.from_pretrained(path)
     reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = chat_ids(ref_tokenizer, SAMPLE_PROMPT)

@@ -18,14 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
-    AutoModelForCausalLM,
-    LlamaConfig,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen3Config,
-)
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
@@ -93,6 +85,15 @@ def _corpus() -> list[str]:
 
 
 def build_tiny_tokenizer(arch: str, vocab_size: int = 384) -> PreTrainedTokenizerFast:
+    from tokenizers import (  # start-up: keeps dspark.target light
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast  # start-up: keeps dspark.target light
+
     specials = _SPECIALS[arch]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -117,6 +118,12 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384) -> PreTrainedTokenize
 def tiny_config(
     arch: str, vocab_size: int, num_layers: int = 4, **overrides: Any
 ) -> PretrainedConfig:
+    from transformers import (  # start-up: keeps dspark.target light
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
+
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
     kw = dict(
         vocab_size=vocab_size,
@@ -142,6 +149,8 @@ def build_tiny_target(
     Atomic: built in a sibling temp dir and renamed, so a killed build leaves nothing that a
     later call would trust.
     """
+    from transformers import AutoModelForCausalLM  # start-up: keeps dspark.target light
+
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny target architecture {arch!r}; choose one of {TINY_ARCHS}")
     out = Path(out_dir)

@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from datasets import Dataset, load_from_disk
-from transformers import AutoConfig
 
-from dspark.config import default_target_layer_ids
 from dspark.errors import BadInputError, MissingPathError
 from dspark.locking import refuse_if_being_written
 from dspark.target import resolve_target
@@ -173,6 +170,11 @@ TOKENIZED_FIX = (
 def load_tokenized(data_dir: str | os.PathLike, key: str = "--data"):
     """The tokenized set (`save_to_disk`, with input_ids and loss_mask) at `data_dir`, else a
     `UserError` saying what the path is instead and which directory to pass."""
+    from datasets import (  # start-up: keeps cache_features --help fast
+        Dataset,
+        load_from_disk,
+    )
+
     p = Path(data_dir).expanduser()
     if not p.exists():
         raise MissingPathError(f"{key} {data_dir}: no such directory; {TOKENIZED_FIX}")
@@ -223,6 +225,8 @@ def target_dims(spec: str) -> dict:
         if not isinstance(cfg, dict):
             raise FeatureCacheError(f"target config {spec!r} is not a JSON object")
     else:
+        from transformers import AutoConfig  # start-up: keeps cache_features --help fast
+
         cfg = AutoConfig.from_pretrained(resolve_target(text)).to_dict()
     cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
     missing = [k for k in ("hidden_size", "num_hidden_layers") if k not in cfg]
@@ -236,6 +240,8 @@ def target_dims(spec: str) -> dict:
 
 def resolve_layer_ids(num_hidden_layers: int, layer_ids=None, num_layers_tapped: int = 5) -> list:
     """The draft's default taps (`default_target_layer_ids`) unless `layer_ids` are given."""
+    from dspark.config import default_target_layer_ids  # start-up: keeps cache_features --help fast
+
     n = int(num_hidden_layers)
     if layer_ids:
         ids = [int(i) for i in layer_ids]

@@ -29,8 +29,6 @@ import sys
 import time
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from dspark.data.regeneration.run_files import (
     FAILURES,
     OUTPUT,
@@ -70,6 +68,8 @@ def regenerate(
     docstring for the files written and the resume guarantees. One writer at a time: a second
     job on the same `output_dir` gets `OutputBusyError` (dspark/locking.py).
     """
+    from tqdm.auto import tqdm  # start-up: keeps the data command lines' --help instant
+
     sampling = sampling or SamplingConfig()
     run = run_settings(prompts, sampling, settings)
     out = check_output(output_dir, run)
