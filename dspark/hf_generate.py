@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
+from dspark.export import load_draft
+
 _UNSUPPORTED = (
     "logits_processor",
     "stopping_criteria",
@@ -41,7 +44,6 @@ def _setting(name, kwargs, generation_config, model, default=None):
 @torch.no_grad()
 def generate(model, inputs=None, generation_config=None, draft=None, **kwargs) -> torch.Tensor:
     """`model.generate(...)` with DSpark speculative decoding (see the module docstring)."""
-    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
 
     if draft is None:
         raise ValueError("pass draft= (a DSparkDraftModel or a draft directory) to generate()")
@@ -51,8 +53,6 @@ def generate(model, inputs=None, generation_config=None, draft=None, **kwargs) -
     if (_setting("num_beams", kwargs, generation_config, model, 1) or 1) > 1:
         raise ValueError("dspark's generate() decodes one sequence per prompt (num_beams=1)")
     if isinstance(draft, (str, bytes)) or hasattr(draft, "__fspath__"):
-        from dspark.export import load_draft
-
         device = next(model.parameters()).device
         draft = load_draft(draft, device=device)
     input_ids = inputs if inputs is not None else kwargs.get("input_ids")

@@ -33,7 +33,10 @@ def schema_keys(cls, prefix: str = "") -> list[str]:
 def _values(override) -> list:
     """The plain values an override sets (each choice of a `a,b,c` sweep), or [] when it is a
     range / interval sweep or a deletion, which Hydra checks itself."""
-    from hydra.core.override_parser.types import ChoiceSweep, OverrideType
+    from hydra.core.override_parser.types import (  # light module: defers hydra
+        ChoiceSweep,
+        OverrideType,
+    )
 
     if override.type == OverrideType.DEL:
         return []
@@ -55,10 +58,12 @@ def check_overrides(
     """Raise a `UserError` for the first bad `key=value` in `args` (see the module doc).
 
     `schema`: the run config's dataclass; `groups`: config group -> its choices (file stems)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from hydra.core.override_parser.overrides_parser import (  # light module: defers hydra
+        OverridesParser,
+    )
+    from hydra.errors import HydraException, OverrideParseException  # light module: defers hydra
+    from omegaconf import OmegaConf  # light module: defers omegaconf
+    from omegaconf.errors import OmegaConfBaseException  # light module: defers omegaconf
 
     groups = {g: sorted(set(c)) for g, c in (groups or {}).items()}
     known = schema_keys(schema)
@@ -110,7 +115,9 @@ def check_sweep_outputs(args: list[str], output_key: str) -> None:
     starts: with `output_key` (or `hydra.sweep.subdir`) set to one fixed value, every job
     would write the first job's run (Hydra's default, a subdirectory per job number, is fine).
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.overrides_parser import (  # light module: defers hydra
+        OverridesParser,
+    )
 
     if not {"-m", "--multirun"} & set(args):
         return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib import metadata
 from pathlib import Path
 
 from dspark.errors import MissingPathError
@@ -30,8 +31,6 @@ def cache_root() -> Path:
 
 def editable_checkout() -> Path | None:
     """The source directory of an editable `dspark` install, or None (wheel or not installed)."""
-    from importlib import metadata
-
     try:
         text = metadata.distribution("dspark").read_text("direct_url.json")
     except metadata.PackageNotFoundError:

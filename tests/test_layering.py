@@ -7,6 +7,10 @@ and on top of them all the measurement harness (`bench`), which no other part im
 
 Also the package's file names: a name used by two modules is the same idea in parallel
 packages, and each of them names a counterpart in its docstring.
+
+And the imports themselves: the modules' import-time imports (`if TYPE_CHECKING:` aside) form
+no cycle, and an import inside a function says why on its line (`# optional: gguf`, `# cycle:
+...`, `# after argument parsing: --help stays instant`); every other import sits at the top.
 """
 
 from __future__ import annotations
@@ -192,3 +196,199 @@ def test_the_shared_name_check_catches_a_silent_one():
         "eval/report.py",
         "export/cli.py",
     ]
+
+
+# -- module-level imports: no cycle; function-level imports: each says why --------------------
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def import_time_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is imported: not inside a function, not under
+    `if TYPE_CHECKING:`."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.append(node)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                walk(node.orelse)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    sub = getattr(node, field, None)
+                    if isinstance(sub, list):
+                        walk(sub)
+
+    walk(tree.body)
+    return found
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the package modules it imports at import time. `sources`: module -> (its text,
+    whether it is a package's `__init__`). `from pkg import sub` counts `pkg.sub`; importing
+    `a.b.c` from outside `a.b` also runs `a.b`'s `__init__`, so that counts too."""
+    graph: dict[str, set[str]] = {}
+    for module, (source, is_package) in sources.items():
+        edges: set[str] = set()
+        for node in import_time_imports(ast.parse(source)):
+            text = ast.unparse(node)
+            for name in imported_modules(text, module, is_package):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    ancestor = ".".join(parts[:i])
+                    inside = module == ancestor or module.startswith(ancestor + ".")
+                    if ancestor in sources and not inside:
+                        edges.add(ancestor)
+                if isinstance(node, ast.ImportFrom):
+                    subs = [f"{name}.{a.name}" for a in node.names]
+                    edges.update(s for s in subs if s in sources and s != module)
+        graph[module] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def package_sources() -> dict[str, tuple[str, bool]]:
+    out = {}
+    for path, module in package_modules():
+        is_package = path.name == "__init__.py"
+        out[module.removesuffix(".__init__")] = (path.read_text(), is_package)
+    return out
+
+
+def test_module_level_imports_have_no_cycle():
+    cycle = find_cycle(import_graph(package_sources()))
+    assert cycle is None, (
+        "modules import each other at import time: "
+        + " -> ".join(cycle or [])
+        + "\nmove the shared piece into a module below both"
+    )
+
+
+def unexplained_function_imports(source: str) -> list[int]:
+    """The lines of the imports inside functions that carry no `#` comment giving the reason
+    (an optional dependency, a cycle, a command line's start-up); a comment on any line of a
+    wrapped import counts."""
+    lines = source.splitlines()
+    hits = []
+
+    def walk(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                end = child.end_lineno or child.lineno
+                text = lines[child.lineno - 1 : end]
+                if not any("#" in line for line in text):
+                    hits.append(child.lineno)
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            walk(child, inner)
+
+    walk(ast.parse(source), False)
+    return hits
+
+
+def test_every_import_inside_a_function_says_why():
+    hits = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path, _ in package_modules()
+        for line in unexplained_function_imports(path.read_text())
+    ]
+    assert not hits, (
+        "an import inside a function: move it to the top of the module, or give the reason "
+        "on its line (`# optional: gguf`, `# cycle: dspark.x imports this module`):\n"
+        + "\n".join(hits)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ("def f():\n    import json\n", [2]),
+        ("def f():\n    from dspark.paths import cache_root\n", [2]),
+        ("class A:\n    def f(self):\n        if x:\n            import torch\n", [4]),
+        ("async def f():\n    from . import x\n", [2]),
+        ("def f():\n    import gguf  # optional: gguf\n", []),
+        ("def f():\n    from a import (  # cycle: a imports this module\n        b,\n    )\n", []),
+        ("import json\n\n\ndef f():\n    return json\n", []),
+        ("try:\n    import yaml\nexcept ImportError:\n    yaml = None\n", []),
+    ],
+)
+def test_the_reason_check_flags_only_a_silent_import(source, flagged):
+    assert unexplained_function_imports(source) == flagged
+
+
+@pytest.mark.parametrize(
+    ("sources", "cycle"),
+    [
+        (
+            {"p.a": ("from p.b import x\n", False), "p.b": ("from p.a import y\n", False)},
+            ["p.a", "p.b", "p.a"],
+        ),
+        (
+            {"p.a": ("from . import b\n", False), "p.b": ("import p.a\n", False)},
+            ["p.a", "p.b", "p.a"],
+        ),
+        (  # through a package's __init__, which importing a submodule runs
+            {
+                "p": ("", True),
+                "p.q": ("from p.q.a import x\n", True),
+                "p.q.a": ("", False),
+                "p.b": ("import p.q.a\n", False),
+                "p.q.c": ("from p.b import y\n", False),
+            },
+            None,
+        ),
+        (
+            {
+                "p": ("", True),
+                "p.q": ("from p.q.c import x\n", True),
+                "p.q.a": ("", False),
+                "p.q.c": ("from p.b import y\n", False),
+                "p.b": ("import p.q.a\n", False),
+            },
+            ["p.b", "p.q", "p.q.c", "p.b"],
+        ),
+        (
+            {"p.a": ("def f():\n    from p.b import x\n", False), "p.b": ("import p.a\n", False)},
+            None,
+        ),
+        (
+            {
+                "p.a": (
+                    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p.b import x\n",
+                    False,
+                ),
+                "p.b": ("import p.a\n", False),
+            },
+            None,
+        ),
+    ],
+)
+def test_the_cycle_check_finds_a_cycle(sources, cycle):
+    assert find_cycle(import_graph(sources)) == cycle

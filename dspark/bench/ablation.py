@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
+from dspark.decoding.output import GenerationOutput
+
 
 def training_summary(run_dir: Path) -> dict:
     """Final held-out metrics of a distill run dir (tau, losses, per-slot acceptance) and its
@@ -30,8 +33,6 @@ def training_summary(run_dir: Path) -> dict:
 @torch.inference_mode()
 def decoder_tau(target, tokenizer, draft, prompts, *, temperature, max_new_tokens, seed=0) -> dict:
     """Pooled decoder tau and per-position acceptance over `prompts` (token-id lists)."""
-    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
-    from dspark.decoding.output import GenerationOutput
 
     dec = SpeculativeDecoder(target, draft, DecoderOptions(Sampling(temperature), max_length=4096))
     eos = tokenizer.eos_token_id

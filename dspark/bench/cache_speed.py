@@ -18,6 +18,10 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from dspark.data.features import feature_cache as fc
+from dspark.target import load_target
+from dspark.training import loop
+
 
 def measure_cache_speedup(
     cfg,
@@ -29,10 +33,6 @@ def measure_cache_speedup(
     cache_batch_size: int = 8,
 ) -> dict:
     """Cache `cfg.data.train` for `cfg.target`, then train `epochs` online and on the cache."""
-    from dspark.data.features import feature_cache as fc
-    from dspark.target import load_target
-    from dspark.training import loop
-
     out = Path(out_dir)
     if cfg.data.eval:
         raise ValueError("run the comparison without data.eval (held-out rows come from train)")

@@ -25,6 +25,7 @@ import torch
 
 from dspark import dtype_choice as choice
 from dspark.config import DSparkConfig
+from dspark.decoding.round_cost import RoundBench
 from dspark.dtype_choice import break_even_tau, expected_tokens
 
 __all__ = ["best_verify_length", "break_even_tau", "expected_tokens", "measure_costs", "speedup"]
@@ -60,8 +61,6 @@ def measure_costs(
 def _measure(
     target, drafts, block_size, context_len, repeats, markov_rank, exact_rows=None
 ) -> dict:
-    from dspark.decoding.round_cost import RoundBench
-
     g = int(block_size)
     bench = RoundBench(
         target,

@@ -16,7 +16,9 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import AutoModelForCausalLM
 
+from dspark.decoding import DecoderOptions, SpeculativeDecoder
 from dspark.timing import sync
 
 
@@ -46,15 +48,12 @@ def weight_bytes(model) -> int:
 
 def random_target(config, dtype: torch.dtype, device: torch.device):
     """A random-weight target of `config`'s shape (step times do not depend on the weights)."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     return model.eval().requires_grad_(False)
 
 
 def make_decoder(target, draft, mode: str):
-    from dspark.decoding import DecoderOptions, SpeculativeDecoder
 
     if mode == "eager":
         return SpeculativeDecoder(target, draft, DecoderOptions(max_length=1024))

@@ -22,6 +22,7 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 
 from dspark.errors import MissingPackageError, MissingPathError
@@ -112,7 +113,7 @@ class InProcessEngine:
 
     def __init__(self, settings: EngineSettings, mode: Mode):
         try:
-            import xllamacpp as xl
+            import xllamacpp as xl  # optional: xllamacpp
         except ImportError:
             raise MissingPackageError(
                 f"the llama.cpp engine needs xllamacpp: {INSTALL_HINT}"
@@ -324,9 +325,7 @@ def engine_conditions(settings: EngineSettings) -> dict:
     }
     if not settings.server_bin:
         try:
-            from importlib.metadata import version
-
-            import xllamacpp as xl
+            import xllamacpp as xl  # optional: xllamacpp
 
             cond["xllamacpp"] = version("xllamacpp")
             cond["llama_cpp_system_info"] = xl.get_system_info().strip()
@@ -338,7 +337,7 @@ def engine_conditions(settings: EngineSettings) -> dict:
 def gguf_file_type(path: str) -> str | None:
     """`general.file_type` of a GGUF as llama.cpp names it (Q4_1, F16, ...), or None."""
     try:
-        import gguf
+        import gguf  # optional: gguf
     except ImportError:
         return None
     reader = gguf.GGUFReader(path)

@@ -107,9 +107,9 @@ def reference_texts(target: str, prompt_ids: dict[str, list[list[int]]], max_new
                     tokenizer) -> dict[str, list[str]]:  # fmt: skip
     """The bundled target's greedy answers (fp32, transformers' `generate`) to the same prompt
     ids, as text: what every quant's plain llama.cpp output is compared with."""
-    import torch
+    import torch  # light module: defers torch
 
-    from dspark.target import load_target
+    from dspark.target import load_target  # light module: defers torch
 
     model, _ = load_target(target)
     out: dict[str, list[str]] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dspark.bench import llama_cpp_flags as flags
 from dspark.bench.llama_cpp import (
     EngineSettings,
     Mode,
@@ -23,6 +24,8 @@ from dspark.bench.llama_cpp import (
     server_args,
 )
 from dspark.bench.llama_cpp_curve import measure_curve, relative
+from dspark.bench.llama_cpp_rounds import decoder_rounds
+from dspark.eval.prompts import load_dataset, render
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_name
 
@@ -31,8 +34,6 @@ P_MIN_GRID = (0.0, 0.5)  # confidence cut-offs tried per n_max (0: off)
 
 def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list[list[int]]]:
     """Token ids of conversations lo..hi-1 of each set (first user turn)."""
-    from dspark.eval.prompts import load_dataset, render
-
     out = {}
     for name in names:
         convs = load_dataset(name, bench_dir, hi)[lo:hi]
@@ -91,8 +92,6 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
     out = {"grid": grid, "how": how, "plain_tokens_per_s": plain.tokens / plain.seconds}
     chosen = Mode("draft-dspark", int(best["n_max"]), float(best["p_min"]))
     if rounds is not None:
-        from dspark.bench import llama_cpp_flags as flags
-
         curve = verify_curve(settings, block_size, progress)
         out["verify_curve_ms"] = curve
         cost = flags.fit_round_cost(grid, 1e3 * plain.seconds / plain.tokens, curve)
@@ -141,7 +140,6 @@ def bench(
             rounds = None
             if draft_dir is not None:
                 progress(f"bundled decoder rounds on the tuning prompts ({draft_dir})")
-                from dspark.bench.llama_cpp_rounds import decoder_rounds
 
                 rounds = decoder_rounds(draft_dir, target_spec, held, max_new_tokens)
             best, tuning = tune(settings, block_size, has_confidence, held, max_new_tokens,
@@ -391,10 +389,10 @@ def cost_model_lines(tuning: dict) -> list[str]:
 
 
 def plot(results: dict, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # optional: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     sets = list(results["datasets"])
     names = [r["name"] for r in results["datasets"][sets[0]]]
@@ -428,7 +426,7 @@ def write(results: dict, out_dir: Path) -> Path:
 
 def draft_gguf_shape(path: str) -> tuple[int, bool]:
     """(block size, has a confidence head) from a draft GGUF's `dflash.*` metadata."""
-    import gguf
+    import gguf  # optional: gguf
 
     fields = gguf.GGUFReader(path).fields
 

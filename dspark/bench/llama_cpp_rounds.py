@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark.bench import llama_cpp_flags as flags
+
 
 def decoder_rounds(draft_dir, target_spec: str, prompt_sets, max_new_tokens: int) -> dict:
     """Rounds of the bundled decoder (fp32, T=0, full-block verification, raw confidences) on
     `prompt_sets`: `conf [R, gamma]` (NaN where unrecorded), its STS-calibrated `survival`,
     and what was decoded. The acceptance side of `llama_cpp_flags`."""
-    import torch
+    import torch  # light module: defers torch
 
-    from dspark.bench import llama_cpp_flags as flags
-    from dspark.calibration.fit import collect
-    from dspark.decoding import DecoderOptions, SpeculativeDecoder, VerifyPolicy
-    from dspark.export.load import load_draft
-    from dspark.target import load_target
+    from dspark.calibration.fit import collect  # light module: defers torch
+    from dspark.decoding import (  # light module: defers torch
+        DecoderOptions,
+        SpeculativeDecoder,
+        VerifyPolicy,
+    )
+    from dspark.export.load import load_draft  # light module: defers torch
+    from dspark.target import load_target  # light module: defers torch
 
     target, tokenizer = load_target(target_spec, dtype=torch.float32)
     draft = load_draft(draft_dir).eval().requires_grad_(False)

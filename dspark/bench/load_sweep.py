@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from dspark.config import DSparkConfig, choose_mask_token_id
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
+from dspark.decoding.sps import SPSProfile, default_rows, load_or_measure
+from dspark.eval.prompts import load_dataset, render
+from dspark.modeling import DSparkDraftModel
+from dspark.target.loading import _as_dtype, eos_ids, load_target
+
 POLICIES = ("ar", "full", "threshold", "scheduler", "scheduler_ragged")
 SWEEP_VERSION = 1
 
 
 def decoders(target, draft, policies, *, threshold: float, sps, temperature: float, max_length):
     """`{policy: SpeculativeDecoder}` sharing the target and draft."""
-    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
     out = {}
     for p in policies:
@@ -261,10 +268,10 @@ def render_markdown(results: dict, plots: dict[str, str]) -> str:
 
 
 def plot(results: dict, out_dir: Path) -> dict[str, str]:
-    import matplotlib
+    import matplotlib  # optional: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     c = results["conditions"]
     sub = (
@@ -299,9 +306,6 @@ def plot(results: dict, out_dir: Path) -> dict[str, str]:
 
 def load_draft(draft_path: str | None, target, tokenizer, target_spec: str):
     """(draft, kind): the trained draft at `draft_path`, or a random-init default draft."""
-    from dspark.config import DSparkConfig, choose_mask_token_id
-    from dspark.modeling import DSparkDraftModel
-
     param = next(target.parameters())
     if draft_path:
         draft = DSparkDraftModel.from_pretrained(draft_path)
@@ -322,12 +326,6 @@ def load_draft(draft_path: str | None, target, tokenizer, target_spec: str):
 
 def run_from_args(args, draft_path: str | None, policies: list[str]) -> tuple[dict, str]:
     """The sweep behind eval/load_sweep.py (argparse namespace `args`)."""
-    import platform
-
-    from dspark.decoding.sps import SPSProfile, default_rows, load_or_measure
-    from dspark.eval.prompts import load_dataset, render
-    from dspark.target.loading import _as_dtype, eos_ids, load_target
-
     target, tokenizer = load_target(args.target, dtype=_as_dtype(args.dtype))
     draft, kind = load_draft(draft_path, target, tokenizer, args.target)
     gamma = int(draft.config.block_size)

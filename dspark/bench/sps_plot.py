@@ -29,10 +29,10 @@ def profile_markdown(prof: SPSProfile, target: str) -> str:
 
 
 def plot_profile(prof: SPSProfile, path: Path, gamma: int) -> Path:
-    import matplotlib
+    import matplotlib  # optional: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for i, r in enumerate(prof.rows):

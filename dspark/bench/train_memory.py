@@ -28,13 +28,18 @@ the framework's own host memory (~0.5 GB of Python + torch, measured separately)
 
 from __future__ import annotations
 
+import resource
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from dspark.config import NUM_TARGET_FEATURES, DSparkConfig
+from dspark.config import NUM_TARGET_FEATURES, DSparkConfig, choose_mask_token_id
+from dspark.modeling import DSparkDraftModel
+from dspark.objectives import build_objective
 from dspark.objectives.dspark import CHUNK_SLOTS
+from dspark.target import load_target, resolve_target
 
 GiB = 2**30
 LOGIT_COPIES = 6  # fp32 [C, V] tensors alive at the loss's peak (see the module docstring)
@@ -90,12 +95,9 @@ class RunShape:
 
 def target_config(spec: str):
     """An HF config: a known shape above, or anything `load_target` accepts (local / tiny)."""
-    from transformers import AutoConfig
-
     if spec in KNOWN_TARGETS:
         shape = dict(KNOWN_TARGETS[spec])
         return AutoConfig.for_model(shape.pop("model_type"), **shape)
-    from dspark.target import resolve_target
 
     return AutoConfig.from_pretrained(resolve_target(spec))
 
@@ -103,11 +105,6 @@ def target_config(spec: str):
 def count_params(cfg, shape: RunShape) -> dict[str, int]:
     """Exact parameter counts from meta-device models: target (all, lm_head), draft
     (trainable, frozen)."""
-    from transformers import AutoModelForCausalLM
-
-    from dspark.config import DSparkConfig
-    from dspark.modeling import DSparkDraftModel
-
     with torch.device("meta"):
         target = AutoModelForCausalLM.from_config(cfg)
         dcfg = DSparkConfig.from_target_config(
@@ -229,13 +226,6 @@ def measure(spec: str, shape: RunShape, steps: int = 2, seed: int = 0) -> dict:
     """Run `steps` real training steps (objective, backward, AdamW) on one CPU process with a
     fully supervised random batch of the estimate's shape; return the peak RSS above the RSS
     before any model was loaded. Run it in a fresh process: the peak is the process's."""
-    import resource
-
-    from dspark.config import DSparkConfig, choose_mask_token_id
-    from dspark.modeling import DSparkDraftModel
-    from dspark.objectives import build_objective
-    from dspark.target import load_target
-
     before = rss_bytes()
     target, tok = load_target(spec, dtype=shape.target_dtype)
     dcfg = DSparkConfig.from_target_config(

@@ -20,8 +20,12 @@ from pathlib import Path
 
 import torch
 
+from dspark.bench.cost_model import _measure
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
+from dspark.export.load import load_draft
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_name
+from dspark.target import load_target
 
 
 def run_facts(run_dir: Path) -> dict:
@@ -51,7 +55,6 @@ def run_facts(run_dir: Path) -> dict:
 
 def decode_taus(target, tokenizer, draft, prompt_sets, max_new_tokens, temperatures, seed=0):
     """`{T: {set: tau}}` with full-block verification, and the T=0 outputs' token ids."""
-    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
     eos = tokenizer.eos_token_id
     out: dict = {}
@@ -97,9 +100,6 @@ def best_llama_cpp(path: str | None, dataset: str = "gsm8k") -> dict | None:
 
 def sweep(runs, *, target_spec, prompt_sets, max_new_tokens, temperatures, llama_cpp=None,
           repeats: int = 15) -> dict:  # fmt: skip
-    from dspark.bench.cost_model import _measure
-    from dspark.export.load import load_draft
-    from dspark.target import load_target
 
     target, tokenizer = load_target(target_spec, dtype=torch.float32)
     rows, drafts = [], {}
@@ -181,10 +181,10 @@ def render_markdown(res: dict, png: str | None) -> str:
 
 
 def plot(res: dict, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # optional: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     rows = res["rows"]
     labels = [str(r["K"]) for r in rows]

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from dspark.calibration import metrics as cal
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
 CONFIG_KEY = "confidence_temperatures"
 
@@ -67,7 +68,6 @@ def fit_on_prompts(
     """Decode `prompts` with full-block verification and raw confidences, fit STS on the
     even-indexed requests and score the odd ones: the fit (None when no draft was verified)
     with the decoding conditions under "conditions" (callers add what the prompts were)."""
-    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 
     if max_length is None:
         max_length = int(getattr(target.config, "max_position_embeddings", 0) or 32768)

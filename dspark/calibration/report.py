@@ -66,10 +66,10 @@ def render_markdown(res: dict) -> str:
 
 
 def reliability_png(res: dict, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # optional: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     fig, ax = plt.subplots(figsize=(5, 4.6))
     ax.plot([0, 1], [0, 1], "k:", lw=1, label="perfect")

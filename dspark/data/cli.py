@@ -12,6 +12,13 @@ import os
 import sys
 from pathlib import Path
 
+from dspark.data.prompts.prompt_set import RowSelection, require_rows
+from dspark.data.prompts.sources import load_prompts
+from dspark.data.regeneration.openai_backend import OpenAIBackend
+from dspark.data.regeneration.regenerate import regenerate
+from dspark.data.regeneration.run_files import check_output, run_settings
+from dspark.data.regeneration.sampling import SamplingConfig
+from dspark.data.tokenize import check_tokenized_output, tokenize_file
 from dspark.locking import exclusive_output
 
 
@@ -37,7 +44,7 @@ def check_device(p: argparse.ArgumentParser, device: str | None, key: str = "--d
     """`p.error` (one line, status 2) for a device torch does not know or this machine lacks."""
     if device is None:
         return
-    import torch
+    import torch  # after argument parsing: --help stays instant
 
     try:
         dev = torch.device(device)
@@ -199,14 +206,7 @@ def regenerate_main(argv=None) -> int:
 
 
 def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
-    import torch
-
-    from dspark.data.prompts.prompt_set import RowSelection, require_rows
-    from dspark.data.prompts.sources import load_prompts
-    from dspark.data.regeneration.regenerate import regenerate
-    from dspark.data.regeneration.run_files import check_output, run_settings
-    from dspark.data.regeneration.sampling import SamplingConfig
-    from dspark.data.tokenize import check_tokenized_output
+    import torch  # after argument parsing: --help stays instant
 
     if a.num_threads:
         torch.set_num_threads(a.num_threads)
@@ -242,8 +242,6 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if batch < 1 or chunk < 1:
         p.error("--batch-size and --chunk-rows must be >= 1")
     if a.server:
-        from dspark.data.regeneration.openai_backend import OpenAIBackend
-
         backend = OpenAIBackend(
             a.server,
             model=a.server_model,
@@ -255,7 +253,7 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         )
         generator = f"server:{a.server}#{backend.model}"
     else:
-        from dspark.target import load_target
+        from dspark.target import load_target  # after argument parsing: --help stays instant
 
         generator = f"{a.backend}:{a.target}"
         # An earlier run with other settings is refused before the target loads.
@@ -266,7 +264,9 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         load_dtype = "float32" if dtype == "auto" else dtype
         model, tokenizer = load_target(a.target, dtype=load_dtype, device=device)
         if dtype == "auto":
-            from dspark.dtype_probe import cast_to_fastest
+            from dspark.dtype_probe import (  # after argument parsing: --help stays instant
+                cast_to_fastest,
+            )
 
             cast_to_fastest(model, job="plain", batch=batch, out_dir=a.output)
         backend = make_local_backend(
@@ -286,8 +286,6 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     if not summary["complete"]:
         return EXIT_UNFINISHED  # --tokenize waits for the finished set
     if a.tokenize:
-        from dspark.data.tokenize import tokenize_file
-
         stats = tokenize_file(
             str(Path(a.output) / "regenerated.jsonl"),
             str(Path(a.output) / "tokenized"),
@@ -323,11 +321,15 @@ def settings_of(a: argparse.Namespace, generator: str) -> dict:
 def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, batch_size=32):
     """`decoder` (dspark's static-cache batched decoder) or `hf` (batched HF generate)."""
     if name == "decoder":
-        from dspark.data.regeneration.decoder_backend import DecoderBackend
+        from dspark.data.regeneration.decoder_backend import (  # after argument parsing: --help stays instant
+            DecoderBackend,
+        )
 
         return DecoderBackend(model, tokenizer, chat_template_kwargs, batch_size=batch_size)
     if name == "hf":
-        from dspark.data.regeneration.hf_backend import HFBackend
+        from dspark.data.regeneration.hf_backend import (  # after argument parsing: --help stays instant
+            HFBackend,
+        )
 
         return HFBackend(model, tokenizer, chat_template_kwargs=chat_template_kwargs)
     raise ValueError(f"unknown regeneration backend {name!r}; use decoder or hf")
@@ -365,7 +367,6 @@ def tokenize_main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.max_length < 1:
         p.error(f"--max-length {a.max_length}: must be >= 1")
-    from dspark.data.tokenize import tokenize_file
 
     stats = tokenize_file(
         a.input,

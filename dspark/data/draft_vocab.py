@@ -24,7 +24,7 @@ from dspark.fileio import write_text_atomic
 
 def count_supervised(data_dir: str | os.PathLike, vocab_size: int) -> np.ndarray:
     """How often each target id is a supervised token of the tokenized set: `[vocab_size]`."""
-    from datasets import load_from_disk
+    from datasets import load_from_disk  # light module: defers datasets
 
     ds = load_from_disk(str(data_dir))
     counts = np.zeros(vocab_size, dtype=np.int64)
@@ -77,7 +77,7 @@ def write_draft_vocab(
     """`<data_dir>/draft_vocab_<k>.json` (or `out_path`): `{"ids": [...], "coverage": share,
     ...}`. Several tokenized sets (a list) are counted together; give them an `out_path` of
     their own (default: beside the first)."""
-    from dspark.data.features.feature_cache import dataset_hash
+    from dspark.data.features.feature_cache import dataset_hash  # light module: defers torch
 
     if isinstance(data_dir, (list, tuple)):
         dirs = [Path(d) for d in data_dir]

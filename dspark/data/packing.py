@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
@@ -122,8 +123,6 @@ def row_lengths(dataset) -> list[int]:
     """Token count of every row: from the Arrow column of an HF `datasets.Dataset` (no Python
     lists of ids are built), else from a list of dicts."""
     if hasattr(dataset, "data") and hasattr(dataset, "column_names"):
-        import pyarrow.compute as pc
-
         lengths = pc.list_value_length(dataset.data.column("input_ids"))
         indices = getattr(dataset, "_indices", None)  # a select() / train_test_split() view
         if indices is not None:

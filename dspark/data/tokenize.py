@@ -24,6 +24,9 @@ from dspark.data.masks import (
     template_of,
     unmask_cut_turns,
 )
+from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
+from dspark.data.prompts.prompt_set import require_rows, write_rejected
+from dspark.data.prompts.sources import load_prompts
 from dspark.errors import BadInputError
 from dspark.fileio import staged_dir, write_text_atomic
 from dspark.locking import exclusive_output, refuse_if_being_written, writes_output
@@ -63,7 +66,7 @@ def tokenize_rows(
     assistant token are dropped; both are counted in `stats`. The preflight
     (`check_loss_masks`) runs on the first rows before the rest are tokenized, then on all.
     """
-    import datasets
+    import datasets  # light module: defers datasets
 
     eot = end_of_turn_ids(tokenizer, chat_template_kwargs)
     out: dict[str, list] = {"index": [], "input_ids": [], "loss_mask": []}
@@ -191,8 +194,6 @@ WRITES = (MANIFEST, "state.json", "dataset_info.json", "data-*.arrow", "rejected
 def check_tokenized_output(out_dir: str | os.PathLike, key: str = "--output") -> Path:
     """`out_dir` as a place a tokenized set may be written: a new or writable directory that
     is empty of the files it writes or holds an earlier tokenized set (which is replaced)."""
-    from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
-
     out = require_output_dir(out_dir, key)
     manifest = out / MANIFEST
     ours = manifest.exists() and (read_json_object(manifest) or {}).get("format") == FORMAT
@@ -250,12 +251,10 @@ def tokenize_file(
     for src in sources:
         check_finished_regeneration(Path(src), partial)
     check_tokenized_output(output_dir)
-    from dspark.data.prompts.prompt_set import require_rows, write_rejected
-    from dspark.data.prompts.sources import load_prompts
 
     sets = [require_rows(load_prompts(src), src, "--input") for src in sources]
     if tokenizer is None:
-        from dspark.target import load_tokenizer
+        from dspark.target import load_tokenizer  # light module: defers torch
 
         tokenizer = load_tokenizer(target)
     rows = [row for ps in sets for row in ps.rows]

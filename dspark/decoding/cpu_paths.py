@@ -20,6 +20,8 @@ import weakref
 
 import torch
 
+from dspark.modeling.heads import MarkovHead
+
 
 def matvec_head_logits(head, hidden: torch.Tensor) -> torch.Tensor | None:
     """`head(hidden)` in fp32 as `(W @ h^T)^T`, or None where this path does not apply.
@@ -72,10 +74,6 @@ class GreedyPruner:
 
     @classmethod
     def get(cls, head):
-        try:
-            from dspark.modeling.heads import MarkovHead
-        except ImportError:  # pragma: no cover - a draft from elsewhere
-            return None
         if not isinstance(head, MarkovHead) or type(head).step is not MarkovHead.step:
             return None
         pruner = cls._cache.get(head)

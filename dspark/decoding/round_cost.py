@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import torch
 
 from dspark.decoding.cache import DraftContextCache, TargetKVCache, bucket, row_kv_lengths
+from dspark.decoding.draft_step import propose
+from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.row_attention import exact_rows_for
 from dspark.decoding.target_step import TargetRunner
 from dspark.timing import median_time
@@ -131,9 +133,6 @@ class RoundBench:
         """A no-argument call of one `propose` round of `draft` (default: the bench's) over a
         context cache filled from the prefill's tapped features; `steps`: draft only that many
         tokens of the block (a round that verifies no more; None: the whole block)."""
-        from dspark.decoding.draft_step import propose
-        from dspark.decoding.draft_vocab import DraftVocab
-
         draft = self.draft if draft is None else draft
         if draft is None:
             raise ValueError("a draft round needs a draft")

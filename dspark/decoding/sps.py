@@ -29,7 +29,10 @@ from pathlib import Path
 
 import torch
 
+from dspark.decoding.draft_vocab import DraftVocab
+from dspark.decoding.round_cost import RoundBench
 from dspark.locking import CACHE_WAIT_S, exclusive_output
+from dspark.paths import cache_root
 
 PROFILE_VERSION = 1
 
@@ -198,8 +201,6 @@ def cache_path(
     draft_vocab_size: int | None = None,
 ) -> Path:
     """The profile's cache file; `draft_vocab_size`: K of a reduced draft (None: full V)."""
-    from dspark.paths import cache_root
-
     key = f"{device_name(device)}__{Path(str(target_name)).name}__{dtype}__g{gamma}"
     if draft_vocab_size is not None:
         key += f"__dv{int(draft_vocab_size)}"
@@ -220,8 +221,6 @@ def measure(
 ) -> SPSProfile:
     """Time verify passes `[r, w]` over a static cache holding `context_len` positions (and the
     draft round at each r when `draft` is given); the median of `reps` after one warm-up."""
-    from dspark.decoding.round_cost import RoundBench
-
     if gamma is None:
         gamma = int(draft.config.block_size) if draft is not None else 7
     rows = rows or default_rows()
@@ -268,8 +267,6 @@ def measure(
 
 def _draft_vocab_size(draft) -> int | None:
     """K of a reduced draft vocabulary (None: full, or no draft)."""
-    from dspark.decoding.draft_vocab import DraftVocab
-
     vocab = DraftVocab.of(draft) if draft is not None else None
     return vocab.size if vocab is not None else None
 
@@ -292,8 +289,6 @@ def load_or_measure(
     target, draft=None, *, gamma: int, refresh: bool = False, **kwargs
 ) -> SPSProfile:
     """The cached profile for this device, target, dtype and gamma, measured on first use."""
-    from dspark.decoding.draft_vocab import DraftVocab
-
     param = next(target.parameters())
     name = getattr(target.config, "_name_or_path", "") or target.config.model_type
     vocab = DraftVocab.of(draft) if draft is not None else None

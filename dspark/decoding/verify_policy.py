@@ -41,7 +41,7 @@ from dspark.decoding.draft_gate import (
     DraftGate,
 )
 from dspark.decoding.scheduler import SCHEDULERS
-from dspark.decoding.sps import SPSProfile
+from dspark.decoding.sps import SPSProfile, load_or_measure
 
 POLICIES = ("full", "threshold", "scheduler")
 
@@ -119,8 +119,6 @@ class VerifyPolicy:
         if self.kind != "scheduler":
             return
         if self.sps is None:
-            from dspark.decoding.sps import load_or_measure
-
             self.sps = load_or_measure(target, draft, gamma=self.gamma)
         if self.skip_unprofitable_drafts:
             ragged = self.scheduler_batch == "ragged"

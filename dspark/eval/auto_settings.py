@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from dspark import dtype_probe
 from dspark.dtype_choice import best_verify_length
 from dspark.errors import BadInputError
 
@@ -62,8 +63,6 @@ def choose(cfg, target, draft) -> dict:
     """Decide dtype and verify length; casts `target` / `draft` to the chosen dtype (auto only).
 
     Returns the "auto_settings" block of the results: what was measured and what was chosen."""
-    from dspark import dtype_probe
-
     block = int(draft.config.block_size)
     wanted_length = parse_verify_length(cfg.verify_length, block)
     acc = draft_acceptance(cfg.draft, cfg.temperature, block)

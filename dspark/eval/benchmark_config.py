@@ -15,6 +15,9 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from omegaconf import MISSING, OmegaConf
 
 from dspark.errors import BadInputError, UserError
+from dspark.eval.prompts import check_datasets
+from dspark.overrides import check_overrides as check_types
+from dspark.overrides import check_sweep_outputs
 
 SCHEMA_NAME = "benchmark_schema"
 VERIFY_POLICIES = ("full", "threshold", "scheduler")  # SpeculativeDecoder's verify_policy
@@ -100,7 +103,7 @@ class BenchmarkConfig:
 
 
 def register() -> None:
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # light module: defers hydra
 
     ConfigStore.instance().store(name=SCHEMA_NAME, node=BenchmarkConfig)
 
@@ -121,9 +124,6 @@ def check_overrides(argv: list[str] | None = None) -> None:
 
     Hydra rejects both too, but in a multi-line block; this makes it one line with the fix.
     """
-    from dspark.overrides import check_overrides as check_types
-    from dspark.overrides import check_sweep_outputs
-
     args = sys.argv[1:] if argv is None else argv
     known = _keys(BenchmarkConfig)
     for arg in args:
@@ -161,10 +161,9 @@ def _one_of(cfg, key: str, choices: tuple[str, ...], optional: bool = False) -> 
 def check(cfg) -> None:
     """Raise a `BadInputError` naming the key and its allowed values for a value the run
     cannot use; cheap (no model is loaded), so it runs before anything else."""
-    import torch
+    import torch  # light module: defers torch
 
-    from dspark.eval.baselines import BASELINES
-    from dspark.eval.prompts import check_datasets
+    from dspark.eval.baselines import BASELINES  # light module: defers torch
 
     _at_least(cfg, "num_prompts", 1, "the number of conversations per dataset, e.g. 40")
     _at_least(cfg, "max_new_tokens", 1, "the tokens generated per request, e.g. 256")

@@ -11,15 +11,14 @@ from __future__ import annotations
 import os
 
 from dspark.calibration.fit import fit_on_prompts, write_temperatures
+from dspark.eval.models import load_models
+from dspark.eval.prompts import load_dataset, render
+from dspark.target.loading import eos_ids
 
 
 def run(args) -> dict:
     """`args`: draft, target, datasets, bench_dir, num_prompts, max_new_tokens, temperature,
     batch_size, bins, seed, device, dtype, write, output_dir (see eval/calibrate.py)."""
-    from dspark.eval.models import load_models
-    from dspark.eval.prompts import load_dataset, render
-    from dspark.target.loading import eos_ids
-
     target, tokenizer, draft, spec = load_models(args)
     if getattr(draft, "confidence_head", None) is None:
         raise ValueError(f"the draft at {args.draft} has no confidence head: nothing to calibrate")

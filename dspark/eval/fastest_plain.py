@@ -18,14 +18,14 @@ import copy
 
 import torch
 
+from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
 from dspark.eval.metrics import ratio
+from dspark.target.loading import _as_dtype
 
 PREFIX = "autoregressive_"
 
 
 def dtype_name(dtype: torch.dtype | str) -> str:
-    from dspark.target.loading import _as_dtype
-
     return str(_as_dtype(dtype) if isinstance(dtype, str) else dtype).replace("torch.", "")
 
 
@@ -55,7 +55,6 @@ def plain_decoders(cfg, target, skip: dict | None = None) -> dict[str, object]:
     """dtype name -> a plain `SpeculativeDecoder` over a copy of `target` in that dtype, for
     each of `cfg.baseline_dtypes` other than the target's own and those in `skip`
     (`probe_skipped`)."""
-    from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder
 
     own = dtype_name(next(target.parameters()).dtype)
     out: dict[str, object] = {}

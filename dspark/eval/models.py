@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
+
+from dspark.errors import BadInputError, require_draft_dir
+from dspark.export.load import load_draft
+from dspark.target.loading import _as_dtype, load_target
 
 
 def resolve_device(name: str) -> torch.device:
@@ -17,10 +23,6 @@ def check_draft_fits_target(draft_config, target_config, draft: str, target: str
     layer the target lacks): it would crash deep in the decoder or index past the vocabulary.
     A draft that fits but names another target only gets a warning: it runs, with whatever
     acceptance it has there."""
-    import sys
-
-    from dspark.errors import BadInputError
-
     trained_for = getattr(draft_config, "target_name_or_path", None) or "an unnamed target"
     n_layers = int(target_config.num_hidden_layers)
     taps = [int(i) for i in draft_config.target_layer_ids]
@@ -60,10 +62,6 @@ def load_models(cfg, probe_dtype: bool = False):
 
     `probe_dtype` (the benchmark): `dtype=auto` loads fp32, which `auto_settings.choose` then
     casts to the measured choice; other callers keep `auto` = the checkpoint's dtype."""
-    from dspark.errors import BadInputError, require_draft_dir
-    from dspark.export.load import load_draft
-    from dspark.target.loading import _as_dtype, load_target
-
     device = resolve_device(cfg.device)
     # auto: loaded in fp32, then cast to the probe's choice (auto_settings.choose)
     dtype = torch.float32 if probe_dtype and cfg.dtype == "auto" else _as_dtype(cfg.dtype)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark.data.prompts.embedded import embedded_prompts
+from dspark.data.prompts.named_sets import bench_turns, read_prompt_file
 from dspark.data.prompts.public_sets import BENCH_SETS
 from dspark.errors import BadInputError, MissingPathError
 from dspark.paths import BENCH_ENV, bench_dir_or_none
@@ -45,15 +47,11 @@ def _local_bench_dir(bench_dir: str | Path | None) -> Path | None:
 
 def load_turns(path: str | Path, limit: int | None = None) -> list[list[str]]:
     """Read a `{"turns": ["user turn", ...]}` JSONL file into a list of turn lists."""
-    from dspark.data.prompts.named_sets import read_prompt_file
-
     return [list(row["turns"]) for row in read_prompt_file(path, limit=limit)]
 
 
 def load_embedded(limit: int | None = None) -> list[list[str]]:
     """The project's embedded default prompt set, held-out (test) split, as turn lists."""
-    from dspark.data.prompts.embedded import embedded_prompts
-
     rows = embedded_prompts(split="test", n=limit)
     return [_as_turns(row) for row in rows]
 
@@ -112,8 +110,6 @@ def load_dataset(name: str, bench_dir: str | Path | None, limit: int | None) -> 
         return load_embedded(limit)
     path = dataset_path(name, bench_dir)
     if path is None:
-        from dspark.data.prompts.named_sets import bench_turns
-
         return bench_turns(name, bench_dir, limit)
     return load_turns(path, limit)
 

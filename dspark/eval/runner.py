@@ -14,16 +14,24 @@ recorded and summarised by `summary.py`.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from dspark.decoding import DecoderOptions, Sampling, VerifyPolicy
+from dspark.errors import BadInputError
 from dspark.eval import baselines as hf
 from dspark.eval import fastest_plain as fp
+from dspark.eval.auto_settings import choose as choose_settings
+from dspark.eval.benchmark_config import check
+from dspark.eval.capped_decoder import CappedVerifyDecoder
 from dspark.eval.models import load_models
 from dspark.eval.prompts import load_dataset, render
+from dspark.eval.report import render_report
 from dspark.eval.summary import DatasetRecord, conditions, summarize, write_rounds
 from dspark.target.loading import eos_ids
 from dspark.timing import sync
@@ -140,16 +148,7 @@ class Bench:
 
 def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     """Run every dataset, write results.json / report.md / PNGs; return (results, report)."""
-    import json
-    from pathlib import Path
-
-    from dspark.decoding import DecoderOptions, Sampling, VerifyPolicy
-    from dspark.errors import BadInputError
-    from dspark.eval.auto_settings import choose as choose_settings
-    from dspark.eval.benchmark_config import check
-    from dspark.eval.capped_decoder import CappedVerifyDecoder
-    from dspark.eval.plots import make_plots
-    from dspark.eval.report import render_report
+    from dspark.eval.plots import make_plots  # optional: matplotlib
 
     check(cfg)  # every value, before a model is loaded
     out = Path(output_dir)

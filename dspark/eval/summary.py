@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import transformers
 
 from dspark.calibration import metrics as cal
 from dspark.eval import fastest_plain as fp
@@ -165,8 +167,6 @@ def summarize_dataset(rec: DatasetRecord, block_size: int, cfg, has_confidence: 
 
 
 def conditions(cfg, target_spec: str, draft, target, block_size: int, assistant_layers) -> dict:
-    import transformers
-
     param = next(target.parameters())
     draft_cfg = draft.config.to_dict() if hasattr(draft.config, "to_dict") else dict(draft.config)
     keep = (
@@ -266,8 +266,6 @@ def summarize(
 
 def write_rounds(records: list[DatasetRecord], path) -> None:
     """One JSON line per request: the raw per-round record (to re-analyse or refit STS)."""
-    import json
-
     with open(path, "w", encoding="utf-8") as f:
         for r in records:
             for i, (a, v, c) in enumerate(zip(r.accept_lengths, r.verify_lengths, r.confidences)):

@@ -13,17 +13,23 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+import dspark
 from dspark.errors import BadInputError, UserError
 from dspark.export.checks import serving_problems
+from dspark.export.gguf import write_gguf
 from dspark.export.layouts import (
     FAMILY_ARCHITECTURES,
     deepspec_config,
     export_state,
     speculators_config,
 )
-from dspark.fileio import staged_dir
+from dspark.export.load import load_draft, read_json
+from dspark.export.readme import render, render_llama_cpp
+from dspark.fileio import dumps_strict, staged_dir
 from dspark.locking import exclusive_output
+from dspark.target.loading import EMBEDDED_ALIASES, TINY_PREFIX, resolve_target
 
 FORMATS = ("deepspec", "speculators", "gguf")
 GGUF_FILE = "draft.gguf"  # the llama.cpp export: one GGUF file beside README.md / export.json
@@ -140,8 +146,6 @@ def check_output(out: Path, source: Path | None, overwrite: bool) -> None:
 
 
 def _provenance(fmt: str, dtype: str, engine: str, source: str, target: str, k: int | None) -> dict:
-    import dspark
-
     return {
         "exported_by": "dspark",
         "dspark_version": dspark.__version__,
@@ -158,8 +162,6 @@ def _provenance(fmt: str, dtype: str, engine: str, source: str, target: str, k: 
 def resolve_verifier(config, verifier: str | None) -> tuple[str, list[str]]:
     """The target name engines should load (a local dir for embedded / tiny / path targets, else
     the hub id) and its `architectures`."""
-    from dspark.target.loading import EMBEDDED_ALIASES, TINY_PREFIX, resolve_target
-
     name = verifier or config.target_name_or_path
     if not name:
         raise BadInputError(
@@ -170,8 +172,6 @@ def resolve_verifier(config, verifier: str | None) -> tuple[str, list[str]]:
     archs: list[str] = []
     cfg_file = Path(name) / "config.json"
     if cfg_file.is_file():
-        from dspark.export.load import read_json
-
         archs = read_json(cfg_file).get("architectures") or []
     if not archs:
         archs = [FAMILY_ARCHITECTURES[config.target_model_type]]
@@ -219,6 +219,9 @@ def export_draft(
 
 def _export(draft, out: Path, fmt, torch_dtype, engine, verifier, draft_vocab, overwrite,
             gguf_outtype, threads) -> Path:  # fmt: skip
+    from dspark.export.vocab import export_kept_ids  # start-up: modeling imports slowly
+    from dspark.modeling.lora import has_lora, merged_copy  # start-up: modeling imports slowly
+
     source = "a DSparkDraftModel in memory"
     source_dir = None
     if not isinstance(draft, torch.nn.Module):
@@ -226,16 +229,11 @@ def _export(draft, out: Path, fmt, torch_dtype, engine, verifier, draft_vocab, o
         source = str(draft)
     check_output(out, source_dir, overwrite)
     if source_dir is not None:
-        from dspark.export.load import load_draft
-
         draft = load_draft(draft)
-    from dspark.modeling.lora import has_lora, merged_copy
 
     if has_lora(draft):  # LoRA-fine-tuned in memory: export the merged weights
         draft = merged_copy(draft)
     config = draft.config
-
-    from dspark.export.vocab import export_kept_ids
 
     kept = export_kept_ids(draft, draft_vocab)  # the draft's own ids when it is reduced
     K = None if kept is None else int(kept.numel())
@@ -264,11 +262,6 @@ def _export(draft, out: Path, fmt, torch_dtype, engine, verifier, draft_vocab, o
         )
     state = export_state(draft, torch_dtype, kept)
 
-    from safetensors.torch import save_file
-
-    from dspark.export.readme import render
-    from dspark.fileio import dumps_strict
-
     dtype_name = str(torch_dtype).removeprefix("torch.")
     with staged_dir(out) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -292,9 +285,6 @@ def _export(draft, out: Path, fmt, torch_dtype, engine, verifier, draft_vocab, o
 
 def _export_gguf(draft, out, source_dir, source, verifier, draft_vocab, k, outtype, engine,
                  threads) -> Path:  # fmt: skip
-    from dspark.export.gguf import write_gguf
-    from dspark.export.readme import render_llama_cpp
-    from dspark.fileio import dumps_strict
 
     target = verifier or draft.config.target_name_or_path
     with staged_dir(out) as tmp:

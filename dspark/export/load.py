@@ -20,45 +20,22 @@ weights, weights of another shape) is a `UserError` naming the file, not a trace
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError
 
+from dspark.config import DSparkConfig
 from dspark.errors import BadInputError, MissingPathError, UserError
-
-RESAVE = (
-    "re-save or re-export the draft (a copy cut off mid-write, or edited by hand, is not readable)"
-)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`, or a `BadInputError` naming the file (cut off, not JSON, not
-    an object)."""
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInputError(f"{path} is not valid JSON ({e}); {RESAVE}") from None
-    if not isinstance(raw, dict):
-        raise BadInputError(f"{path} holds a JSON {type(raw).__name__}, not an object; {RESAVE}")
-    return raw
+from dspark.export.files import RESAVE, read_json, read_safetensors
+from dspark.export.gguf_load import load_gguf_draft
+from dspark.export.layouts import dspark_kwargs_from_speculators
 
 
 def _one_line(e: BaseException, lines: int = 4) -> str:
     """`e`'s message on one line (its first `lines` lines), for a one-line error."""
     parts = [line.strip() for line in str(e).splitlines() if line.strip()]
     return " ".join(parts[:lines]) + (" ..." if len(parts) > lines else "") or type(e).__name__
-
-
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise BadInputError(f"{path} is not a readable safetensors file ({e}); {RESAVE}") from None
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -114,14 +91,11 @@ def load_draft(
     device: str | torch.device = "cpu",
 ):
     """A `DSparkDraftModel` (frozen embeddings / lm_head, eval mode) from any supported layout."""
-    from dspark.config import DSparkConfig
-    from dspark.modeling import DSparkDraftModel
+    from dspark.modeling import DSparkDraftModel  # start-up: modeling imports slowly
 
     path = Path(path).expanduser()
     gguf_file = path / "draft.gguf" if path.is_dir() else path
     if gguf_file.suffix == ".gguf" and gguf_file.is_file() and not (path / "config.json").exists():
-        from dspark.export.gguf_load import load_gguf_draft  # `export --format gguf`'s file
-
         model = load_gguf_draft(gguf_file)
         model.to(dtype)  # type: ignore[arg-type]  # (transformers' `to`, as below)
         model.freeze_target_copies()
@@ -139,8 +113,6 @@ def load_draft(
             raise BadInputError(f"{path} cannot be loaded as a draft: {_one_line(e)}") from None
     else:
         if layout == "speculators":
-            from dspark.export.layouts import dspark_kwargs_from_speculators
-
             kw = dspark_kwargs_from_speculators(raw, str(path / "config.json"))
         else:
             nested = raw["dflash_config"]

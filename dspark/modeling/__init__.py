@@ -1,5 +1,8 @@
 """The DSpark draft model: block-parallel backbone, Markov heads, confidence head."""
 
+from transformers import AutoModel
+
+from dspark.config import DSparkConfig
 from dspark.modeling.draft import DSparkDraftModel, DSparkDraftOutput
 from dspark.modeling.heads import ConfidenceHead, GatedMarkovHead, MarkovHead, RNNMarkovHead
 from dspark.modeling.protocols import DraftInference
@@ -7,12 +10,8 @@ from dspark.modeling.protocols import DraftInference
 
 def _register_auto() -> None:
     try:
-        from transformers import AutoModel
-
-        from dspark.config import DSparkConfig
-
         AutoModel.register(DSparkConfig, DSparkDraftModel)
-    except (ValueError, ImportError):  # already registered
+    except ValueError:  # already registered
         pass
 
 

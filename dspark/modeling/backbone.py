@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import create_block_mask
 
 # Imported at run time, not only for the checker: PreTrainedModel.__init_subclass__ resolves the
 # `config` annotations of the draft's bases (typing.get_type_hints) when the class is created.
@@ -118,8 +119,6 @@ def training_flex_block_mask(
     document_ids: torch.Tensor | None = None,
 ) -> BlockMask:
     """The same mask as `training_block_mask`, as a flex-attention `BlockMask` (CUDA path)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     B, N = anchor_positions.shape
     mask_mod = training_mask_mod(anchor_positions, anchor_valid, seq_len, block_size, document_ids)
     return create_block_mask(
@@ -133,10 +132,7 @@ def training_flex_block_mask(
 
 
 def flex_attention_available() -> bool:
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
-    except ImportError:
-        return False
+    """Flex attention runs compiled on CUDA only (torch >= 2.13 always ships it)."""
     return torch.cuda.is_available()
 
 

@@ -18,9 +18,12 @@ from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from dspark.config import DSparkConfig
+from dspark.errors import BadInputError
 from dspark.modeling.backbone import BlockParallelBackbone
 from dspark.modeling.heads import build_confidence_head, build_markov_head
+from dspark.modeling.lora import has_lora, merged_copy
 from dspark.modeling.slot_chunks import SlotLoss, chunked_slot_terms
+from dspark.modeling.vocab_map import check_t2d, ids_from_d2t, mapping_from_ids
 
 if TYPE_CHECKING:
     from dspark.modeling.protocols import DraftInference
@@ -61,8 +64,6 @@ def teacher_forced_prev_tokens(
 def _kept_rows(config: DSparkConfig, kept_ids) -> torch.Tensor | None:
     """The sorted target ids `[K]` a fresh reduced draft keeps (None for a full one),
     checked against `config.draft_vocab_size`."""
-    from dspark.modeling.vocab_map import mapping_from_ids
-
     K = config.draft_vocab_size
     if kept_ids is None:
         if K is not None:
@@ -153,7 +154,6 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
                 model.lm_head.weight.copy_(head.detach().float())
             else:
                 model.lm_head.weight.copy_(head.detach()[rows.to(head.device)].float())
-                from dspark.modeling.vocab_map import mapping_from_ids
 
                 d2t, t2d = mapping_from_ids(rows, int(V))
                 model.d2t.copy_(d2t)
@@ -192,7 +192,6 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         d2t = getattr(self, "d2t", None)
         if d2t is None:
             return
-        from dspark.modeling.vocab_map import check_t2d, ids_from_d2t
 
         ids = ids_from_d2t(d2t.cpu(), int(self.config.vocab_size))
         check_t2d(self.t2d.cpu(), ids)
@@ -205,8 +204,6 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         info: dict[str, Any] = loaded[1]
         lost = sorted({"d2t", "t2d"} & set(info.get("missing_keys") or ()))
         if lost:  # transformers only warns; the placeholder maps would score the wrong tokens
-            from dspark.errors import BadInputError
-
             raise BadInputError(
                 f"{args[0] if args else 'the checkpoint'}: config.json declares a reduced draft "
                 f"vocabulary (draft_vocab_size={model.config.draft_vocab_size}) but the weights "
@@ -217,8 +214,6 @@ class DSparkDraftModel(BlockParallelBackbone, PreTrainedModel):
         return (model, info) if want_info else model  # type: ignore[return-value]  # transformers' tuple form
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any):
-        from dspark.modeling.lora import has_lora, merged_copy
-
         if has_lora(self):  # LoRA fine-tuning: a saved draft is always the merged serving layout
             kwargs.pop("state_dict", None)
             return merged_copy(self).save_pretrained(save_directory, *args, **kwargs)

@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import flex_attention
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -57,8 +60,6 @@ class DSparkRope:
                 inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
                 scale = 1.0
             else:
-                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
                 if rope_type == "dynamic":
                     raise ValueError("dynamic RoPE scaling is not supported by DSpark drafts")
                 inv, scale = ROPE_INIT_FUNCTIONS[rope_type](self.config, device="cpu")
@@ -107,7 +108,6 @@ _COMPILED_FLEX = None
 def _flex_attention(device: torch.device):
     """flex_attention, compiled on CUDA (uncompiled it materialises the full score matrix)."""
     global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import flex_attention
 
     if device.type != "cuda":
         return flex_attention
@@ -176,7 +176,6 @@ class DSparkAttention(nn.Module):
 class DSparkMLP(nn.Module):
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__()
-        from transformers.activations import ACT2FN
 
         H, inter = config.hidden_size, config.intermediate_size
         bias = bool(getattr(config, "mlp_bias", False))

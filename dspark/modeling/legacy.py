@@ -19,15 +19,14 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+
+from dspark.config import LEGACY_ARCHITECTURES, DSparkConfig
+from dspark.modeling.draft import DSparkDraftModel
 
 
 def convert_legacy_draft(src: str | Path, dst: str | Path) -> list[str]:
     """Write the converted draft to `dst` (atomically); return the notes on what changed."""
-    from safetensors.torch import load_file
-
-    from dspark.config import LEGACY_ARCHITECTURES, DSparkConfig
-    from dspark.modeling.draft import DSparkDraftModel
-
     src, dst = Path(src), Path(dst)
     cfg_path = src / "config.json"
     if not cfg_path.is_file():

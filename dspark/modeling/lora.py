@@ -22,7 +22,7 @@ M = TypeVar("M", bound=nn.Module)
 
 
 def has_lora(model: nn.Module) -> bool:
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # heavy: peft takes seconds to import
 
     return any(isinstance(m, LoraLayer) for m in model.modules())
 
@@ -30,7 +30,7 @@ def has_lora(model: nn.Module) -> bool:
 def apply_lora(draft: nn.Module, r: int, alpha: float, target_modules, dropout: float = 0.0) -> int:
     """Inject LoRA adapters into `draft` in place and freeze everything else; returns the
     number of trainable parameters."""
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import LoraConfig, inject_adapter_in_model  # heavy: peft takes seconds to import
 
     mods = list(target_modules)
     bad = [m for m in mods if m in FROZEN]
@@ -59,7 +59,7 @@ def apply_lora(draft: nn.Module, r: int, alpha: float, target_modules, dropout: 
 
 def merged_copy(model: M) -> M:
     """A copy of `model` with every LoRA adapter merged into its base layer and removed."""
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer  # heavy: peft takes seconds to import
 
     out = copy.deepcopy(model)
     for name, module in list(out.named_modules()):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 import torch
+import torch.distributed as dist
 
 
 @runtime_checkable
@@ -30,8 +31,6 @@ class TorchDistributedReducer:
     """`torch.distributed` all-reduce (SUM) on a copy; no autograd through the reduction."""
 
     def __init__(self, group=None) -> None:
-        import torch.distributed as dist
-
         self._dist = dist
         self.group = group
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1

@@ -6,6 +6,7 @@ spellings and the errors for bad ones live here alone.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 
 from dspark.errors import BadInputError, MissingPathError
 from dspark.paths import cache_root
+from dspark.target.tiny import TINY_ARCHS, build_tiny_target
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -61,8 +63,6 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
             )
         return str(path)
     if spec.startswith(TINY_PREFIX):
-        from dspark.target.tiny import TINY_ARCHS, build_tiny_target
-
         arch = spec[len(TINY_PREFIX) :]
         if arch not in TINY_ARCHS:
             raise TargetNotFoundError(
@@ -91,7 +91,7 @@ def resolve_target(spec: str, cache_dir: str | os.PathLike | None = None) -> str
             f"`{PREPARE_HINT}`), or tiny-llama / tiny-qwen2 / tiny-qwen3."
         )
     if _offline():
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # start-up: keeps dspark.target light
 
         cached = try_to_load_from_cache(spec, "config.json")
         if not isinstance(cached, str):
@@ -133,7 +133,6 @@ def adapter_base(path: str | os.PathLike, cache_dir: str | os.PathLike | None = 
     cfg_file = p / ADAPTER_CONFIG
     if not cfg_file.is_file():
         return None
-    import json
 
     base = json.loads(cfg_file.read_text()).get("base_model_name_or_path")
     if not base:
@@ -163,7 +162,7 @@ def eos_ids(tokenizer, target) -> list[int]:
 def load_tokenizer(
     spec: str, cache_dir: str | os.PathLike | None = None
 ) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up: keeps dspark.target light
 
     base = adapter_base(spec, cache_dir)
     if base is not None and not (Path(spec) / "tokenizer_config.json").is_file():
@@ -186,7 +185,10 @@ def load_target(
     base + adapter. Its tokenizer is the adapter directory's own when it ships one, else the
     base's.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # start-up: keeps dspark.target light
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     base = adapter_base(spec, cache_dir)
     where = base if base is not None else resolve_target(spec, cache_dir)
@@ -196,7 +198,7 @@ def load_target(
         where, dtype=_as_dtype(dtype), attn_implementation=attn_implementation
     )
     if base is not None:
-        from peft import PeftModel
+        from peft import PeftModel  # heavy: peft takes seconds to import
 
         model = PeftModel.from_pretrained(model, str(Path(spec).expanduser())).merge_and_unload()
     # transformers' `to` is @wraps(nn.Module.to), which mypy types as an unbound function

@@ -82,7 +82,7 @@ def greedy_answer(
     max_new_tokens: int = 48,
 ) -> tuple[str, int, float]:
     """Greedy chat answer; returns (text, new_tokens, seconds)."""
-    from transformers import GenerationMixin
+    from transformers import GenerationMixin  # start-up: keeps dspark.target light
 
     assert isinstance(model, GenerationMixin)  # a causal LM (what load_target returns)
     ids = chat_ids(tokenizer, prompt)
@@ -150,7 +150,10 @@ def dequantize_gguf(
     """Read `gguf` with transformers (dequantized to float32), copy its weights into a fresh
     model (the loaded one carries a GGUF quantization config), save model and tokenizer beside
     `final`, check the reloaded copy against the GGUF model, then rename it into place."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # start-up: keeps dspark.target light
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     with exclusive_output(final, "the target's HF directory", wait=CACHE_WAIT_S):
         if (final / _DONE).exists() and not force:  # another job built it meanwhile
@@ -198,7 +201,10 @@ def dequantize_gguf(
 @torch.no_grad()
 def _verify(path: Path, reference, ref_tokenizer, log) -> None:
     """Reloaded logits must equal the GGUF-loaded model's, and tokenization must agree."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (  # start-up: keeps dspark.target light
+        AutoModelForCausalLM,
+        AutoTokenizer,
+    )
 
     tok = AutoTokenizer.from_pretrained(path)
     reloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

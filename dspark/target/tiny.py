@@ -7,8 +7,13 @@ loss-mask code is exercised on templates that differ the way real ones do.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
+import shutil
+import string
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,11 +73,6 @@ _TEMPLATES = {"llama": _LLAMA_TEMPLATE, "qwen2": _QWEN2_TEMPLATE, "qwen3": _QWEN
 
 def _corpus() -> list[str]:
     """Deterministic English-and-code text to train the tiny BPE on (stdlib docstrings)."""
-    import collections
-    import json
-    import string
-    import textwrap
-
     texts = []
     for mod in (json, string, textwrap, collections, os):
         texts.append(mod.__doc__ or "")
@@ -85,8 +85,14 @@ def _corpus() -> list[str]:
 
 
 def build_tiny_tokenizer(arch: str, vocab_size: int = 384) -> PreTrainedTokenizerFast:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import (  # start-up: keeps dspark.target light
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
+    from transformers import PreTrainedTokenizerFast  # start-up: keeps dspark.target light
 
     specials = _SPECIALS[arch]
     tok = Tokenizer(models.BPE())
@@ -112,7 +118,11 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384) -> PreTrainedTokenize
 def tiny_config(
     arch: str, vocab_size: int, num_layers: int = 4, **overrides: Any
 ) -> PretrainedConfig:
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import (  # start-up: keeps dspark.target light
+        LlamaConfig,
+        Qwen2Config,
+        Qwen3Config,
+    )
 
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
     kw = dict(
@@ -139,7 +149,7 @@ def build_tiny_target(
     Atomic: built in a sibling temp dir and renamed, so a killed build leaves nothing that a
     later call would trust.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # start-up: keeps dspark.target light
 
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny target architecture {arch!r}; choose one of {TINY_ARCHS}")
@@ -168,7 +178,5 @@ def build_tiny_target(
     try:
         os.replace(tmp, out)
     except OSError:  # another process won the race; theirs is equally valid
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     return out

@@ -3,16 +3,36 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
+from datasets import concatenate_datasets, load_from_disk
 from torch.utils.data import DataLoader
 
+from dspark.config import DSparkConfig, choose_mask_token_id
+from dspark.data.collate import PadCollator
+from dspark.data.features.feature_cache import target_identity
+from dspark.data.features.feature_dataset import ROW_COLUMN, CachedFeatureDataset, FeatureCache
+from dspark.data.features.summary_cache import load_or_summarize
+from dspark.data.packing import PackedDataset
+from dspark.data.prompts.sources import load_prompts
+from dspark.data.regeneration.decoder_backend import DecoderBackend
+from dspark.data.regeneration.regenerate import regenerate
+from dspark.data.regeneration.sampling import SamplingConfig
+from dspark.data.tokenize import MANIFEST, chat_template_hash, tokenize_file, tokenizer_hash
 from dspark.errors import BadInputError, MissingPathError
+from dspark.export import load_draft
 from dspark.locking import refuse_if_being_written
+from dspark.modeling import DSparkDraftModel
+from dspark.modeling.lora import apply_lora
+from dspark.modeling.warm_start import warm_start_from_target
+from dspark.objectives import build_objective
 from dspark.target import load_target
+from dspark.target.capture import BatchFeatures, target_summary
+from dspark.training.draft_vocab import choose_draft_vocab, requested_size, vocab_path
 
 # Text whose target activations calibrate a warm start's q/k norms (any ordinary prose works).
 CALIBRATION_TEXT = (
@@ -37,14 +57,10 @@ def build_draft(
     set is regenerated first when it is missing (`regenerate_if_missing`, on the main process
     only), and the vocabulary file is read or written inside `main_first()` (the loop passes
     `accelerator.main_process_first`: the main process writes, the others then read)."""
-    from dspark.modeling import DSparkDraftModel
-
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     d = cfg.draft
     V = int(target.config.vocab_size)
     if d.init_from:
-        from dspark.export import load_draft  # ours, DeepSpec's or speculators' layout
-
         draft = load_draft(d.init_from).train()  # names the layouts it knows on a bad dir
         if draft.config.hidden_size != target.config.hidden_size:
             raise BadInputError(
@@ -55,8 +71,6 @@ def build_draft(
         draft.freeze_target_copies()
         _check_init_vocab(cfg, draft, V)
     else:
-        from dspark.training.draft_vocab import choose_draft_vocab, requested_size
-
         vocab = None
         if requested_size(cfg, V) is not None:  # the range check before any data work
             with (main_first or nullcontext)():
@@ -73,14 +87,10 @@ def build_draft(
             target, config, kept_ids=None if vocab is None else vocab.ids
         )
         if d.init == "target_layers":
-            from dspark.modeling.warm_start import warm_start_from_target
-
             calib = tokenizer(CALIBRATION_TEXT, return_tensors="pt")["input_ids"].to(device)
             warm_start_from_target(draft, target, d.init_layers, calib)
     lora = getattr(d, "lora", None)
     if lora is not None and lora.r > 0:
-        from dspark.modeling.lora import apply_lora
-
         apply_lora(draft, lora.r, lora.alpha, lora.target_modules, lora.dropout)
     draft.attn_backend = cfg.trainer.attention  # sdpa | flex | auto (flex on CUDA)
     return target, tokenizer, draft.to(device)
@@ -89,8 +99,6 @@ def build_draft(
 def _check_init_vocab(cfg, draft, vocab_size: int) -> None:
     """`draft.vocab_size` with `draft.init_from` must describe the draft that is loaded: its
     vocabulary was fixed when it was trained."""
-    from dspark.training.draft_vocab import requested_size
-
     asked = requested_size(cfg, vocab_size)
     has = draft.config.draft_vocab_size
     if getattr(cfg.draft, "vocab_size", None) is not None and asked != has:
@@ -110,7 +118,6 @@ def draft_vocab_record(cfg, draft) -> dict | None:
         return None
     if cfg.draft.init_from:
         return {"size": int(K), "from": str(cfg.draft.init_from)}
-    from dspark.training.draft_vocab import vocab_path
 
     path = vocab_path(cfg, int(K))
     doc = json.loads(path.read_text())
@@ -119,8 +126,6 @@ def draft_vocab_record(cfg, draft) -> dict | None:
 
 def _draft_config(cfg, target, tokenizer, draft_vocab_size: int | None = None):
     """A fresh draft's model config from the run config's `draft.*` keys and the target."""
-    from dspark.config import DSparkConfig, choose_mask_token_id
-
     d = cfg.draft
     return DSparkConfig.from_target_config(
         target.config,
@@ -144,9 +149,6 @@ def _draft_config(cfg, target, tokenizer, draft_vocab_size: int | None = None):
 def build_objective_for(cfg, target, draft_config):
     """The objective; with `data.features` it reads cached features from the batch instead of
     running the target (whose lm_head still gives the target distribution)."""
-    from dspark.objectives import build_objective
-    from dspark.target.capture import BatchFeatures
-
     o = cfg.objective
     return build_objective(
         o.name,
@@ -187,11 +189,6 @@ def regenerate_if_missing(cfg, target, tokenizer) -> None:
         f"target into {out}, then tokenizing it into {train}",
         flush=True,
     )
-    from dspark.data.prompts.sources import load_prompts
-    from dspark.data.regeneration.decoder_backend import DecoderBackend
-    from dspark.data.regeneration.regenerate import regenerate
-    from dspark.data.regeneration.sampling import SamplingConfig
-    from dspark.data.tokenize import tokenize_file
 
     prompts = load_prompts(d.prompts, split="train", limit=d.prompts_limit)
     regenerate(
@@ -214,9 +211,6 @@ def regenerate_if_missing(cfg, target, tokenizer) -> None:
 def open_feature_caches(cfg, target, draft_config):
     """`(train_cache, eval_cache)` of `data.features` / `data.eval_features` (None when unset),
     each checked against this run's target, the draft's tapped layers and its tokenized set."""
-    from dspark.data.features.feature_cache import target_identity
-    from dspark.data.features.feature_dataset import FeatureCache
-
     d = cfg.data
     if target is None or draft_config is None:
         raise ValueError("data.features needs the run's target and draft config to check it")
@@ -244,8 +238,6 @@ def check_tokenized_for(data_dir: Path, tokenizer, target_name: str) -> None:
     """Refuse a tokenized set made with another tokenizer or chat template than the run's
     target (its `manifest.json` records both hashes): its ids would mean other tokens, and
     its loss mask other turns. A set without a manifest (made by other tools) is taken as is."""
-    from dspark.data.tokenize import MANIFEST, chat_template_hash, tokenizer_hash
-
     path = data_dir / MANIFEST
     if tokenizer is None or not path.is_file():
         return
@@ -270,8 +262,6 @@ def check_tokenized_for(data_dir: Path, tokenizer, target_name: str) -> None:
 def check_split(rows: int, eval_fraction: float, train: str) -> None:
     """The held-out carve-off leaves at least one row on each side (datasets' own error
     names `test_size`, a key the user never set)."""
-    import math
-
     held_out = math.ceil(rows * eval_fraction)
     if eval_fraction <= 0 or held_out < 1 or rows - held_out < 1:
         raise BadInputError(
@@ -286,16 +276,10 @@ def load_datasets(cfg, tokenizer, target=None, draft_config=None):
 
     With `data.features` the splits are `CachedFeatureDataset`s whose rows also carry the
     cached `tapped` / `final_hidden` (checked against `target` and `draft_config`)."""
-    from datasets import load_from_disk
-
-    from dspark.data.features.feature_dataset import ROW_COLUMN, CachedFeatureDataset
-
     cached = bool(cfg.data.get("features"))
 
     def load(spec: str):
         """One tokenized dir, or several joined by commas (concatenated in that order)."""
-        from datasets import concatenate_datasets
-
         paths = [p.strip() for p in str(spec).split(",") if p.strip()]
         if cached and len(paths) > 1:
             raise ValueError(
@@ -369,9 +353,6 @@ def cache_summaries(target, *splits) -> list[dict]:
     """`summarize_rows` of each `(tokenized split, its FeatureCache)` with the target's head,
     read back from `$DSPARK_CACHE/target_summaries/` for the rows an earlier run on the same
     cache and head already summarized (summary_cache.py)."""
-    from dspark.data.features.summary_cache import load_or_summarize
-    from dspark.target.capture import target_summary
-
     head = target.get_output_embeddings()
     device = head.weight.device
 
@@ -385,11 +366,7 @@ def make_loader(ds, tokenizer, cfg, shuffle: bool) -> DataLoader:
     """Batches of `data.batch_size` rows, right-padded; with `data.packing` a row is several
     conversations first-fit into `data.max_length` tokens (packed once, seeded by
     `trainer.seed`; the loader shuffles the packed rows every epoch)."""
-    from dspark.data.collate import PadCollator
-
     if cfg.data.packing:
-        from dspark.data.packing import PackedDataset
-
         ds = PackedDataset(ds, cfg.data.max_length, seed=cfg.trainer.seed)
     return DataLoader(
         ds,

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import torch
 
+from dspark.calibration.fit import fit_on_prompts, write_temperatures
+from dspark.calibration.report import write_report
+from dspark.target.loading import eos_ids
+
 
 def held_out_prompts(rows, limit: int) -> list[list[int]]:
     """Prompt tokens of the first `limit` rows with a supervised token: `input_ids` before the
@@ -48,10 +52,6 @@ def calibrate_published(
 
     Returns `{"skipped": reason}` when there is nothing to fit (no confidence head, no
     verified drafts), so a run never fails at its very end over calibration."""
-    from dspark.calibration.fit import fit_on_prompts, write_temperatures
-    from dspark.calibration.report import write_report
-    from dspark.target.loading import eos_ids
-
     if getattr(draft, "confidence_head", None) is None:
         return {"skipped": "the draft has no confidence head"}
     if len(prompts) < 2:

@@ -11,9 +11,11 @@ import json
 import os
 import re
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dspark.errors import BadInputError
 from dspark.fileio import apply_umask
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -59,7 +61,7 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 def nonfinite_parameters(model) -> list[str]:
     """Names of `model`'s parameters holding a NaN or an infinity."""
-    import torch
+    import torch  # light module: defers torch
 
     return [n for n, p in model.named_parameters() if not torch.isfinite(p.detach()).all()]
 
@@ -72,9 +74,9 @@ def checkpoint_damage(ckpt: Path) -> str | None:
     """Why the finished checkpoint `ckpt` cannot be resumed (None: it can), read from its
     files alone, before anything is loaded into the live model: its weights cannot be read
     (cut off, garbage) or hold NaN / inf, or its optimizer state cannot be read."""
-    import torch
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    import torch  # light module: defers torch
+    from safetensors import SafetensorError  # light module: defers safetensors
+    from safetensors.torch import load_file  # light module: defers safetensors
 
     weights = sorted(ckpt.glob("model*.safetensors"))
     if not weights:
@@ -96,8 +98,6 @@ def checkpoint_damage(ckpt: Path) -> str | None:
 
 
 def _warn(message: str) -> None:
-    import sys
-
     print(message, file=sys.stderr, flush=True)
 
 
@@ -110,8 +110,6 @@ def resume_latest(accelerator, draft, output_dir, log=_warn) -> Path | None:
     another draft shape) is a `BadInputError`, and so is a run none of whose checkpoints is
     whole (starting over would publish a new run over its draft). Every rank reads the same files, so every rank
     takes the same path."""
-    from dspark.errors import BadInputError
-
     set_aside: list[Path] = []
     for ckpt in finished_checkpoints(output_dir):
         damage = checkpoint_damage(ckpt)

@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 
+from dspark.data.draft_vocab import write_draft_vocab
+from dspark.data.features.feature_cache import dataset_hash
 from dspark.errors import BadInputError
+from dspark.modeling.vocab_map import mapping_from_ids
 
 FILE = "draft_vocab_{k}.json"
 
@@ -89,9 +92,6 @@ def choose_draft_vocab(cfg, vocab_size: int) -> DraftVocabChoice | None:
     k = requested_size(cfg, vocab_size)
     if k is None:
         return None
-    from dspark.data.draft_vocab import write_draft_vocab
-    from dspark.data.features.feature_cache import dataset_hash
-    from dspark.modeling.vocab_map import mapping_from_ids
 
     dirs = train_dirs(cfg)
     missing = [str(d) for d in dirs if not (d / "state.json").is_file()]

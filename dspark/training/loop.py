@@ -31,6 +31,7 @@ from dspark.training.build import (
     make_loader,
     regenerate_if_missing,
 )
+from dspark.training.calibrate import calibrate_published, held_out_prompts
 from dspark.training.checkpoint import (
     Progress,
     latest_checkpoint,
@@ -118,8 +119,6 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def _calibrate(cfg, accelerator, target, tokenizer, draft, eval_ds) -> dict:
     """STS on the held-out split, written beside the published draft (main process only)."""
-    from dspark.training.calibrate import calibrate_published, held_out_prompts
-
     if cfg.target.shard:
         return {"skipped": "the target is sharded; run eval/calibrate.py on the saved draft"}
     prompts = held_out_prompts(eval_ds, cfg.trainer.calibrate_prompts)

@@ -30,6 +30,9 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.optim._muon as _torch_muon
 
+from dspark.errors import BadInputError
+from dspark.training.precision import cpu_bf16_support
+
 # First components of the parameter names that hold the backbone's hidden matrices.
 HIDDEN_MODULES = ("fc", "layers")
 
@@ -85,7 +88,6 @@ def newton_schulz_dtype(device: torch.device, cpuinfo: str = "/proc/cpuinfo") ->
     """bf16 (torch's own choice) where bf16 matmuls are native, fp32 on CPUs without it."""
     if device.type != "cpu":
         return torch.bfloat16
-    from dspark.training.precision import cpu_bf16_support
 
     return torch.bfloat16 if cpu_bf16_support(cpuinfo)["bf16"] else torch.float32
 
@@ -161,8 +163,6 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 def check_distribution(distributed_type: str) -> None:
     """Refuse optim.name=muon where the optimizer would not see whole matrices (docstring)."""
-    from dspark.errors import BadInputError
-
     if distributed_type in ("FSDP", "DEEPSPEED"):
         raise BadInputError(
             f"optim.name=muon needs each hidden weight matrix whole on every rank, and "

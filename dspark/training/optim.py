@@ -7,6 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+from dspark.training.muon import MuonWithAdamW, split_parameters
 
 
 def build_optimizer(model: torch.nn.Module, optim: Any) -> torch.optim.Optimizer:
@@ -20,7 +23,6 @@ def build_optimizer(model: torch.nn.Module, optim: Any) -> torch.optim.Optimizer
         return torch.optim.AdamW([p for _, p in named], **adamw_kw)
     if optim.name != "muon":
         raise ValueError(f"optim.name={optim.name!r} is not one of ('adamw', 'muon')")
-    from dspark.training.muon import MuonWithAdamW, split_parameters
 
     muon, adamw = split_parameters(named)
     if not muon or not adamw:
@@ -49,8 +51,6 @@ def warmup_steps(total_steps: int, warmup_ratio: float) -> int:
 def warmup_cosine(optimizer, total_steps: int, warmup_ratio: float, min_lr_ratio: float = 0.0):
     """LambdaLR, stepped once per optimizer step: lr * step/warmup during warm-up (step 0 at
     lr 0, as transformers' Trainer), then cosine from lr to `lr * min_lr_ratio` at `total`."""
-    from transformers import get_cosine_with_min_lr_schedule_with_warmup
-
     return get_cosine_with_min_lr_schedule_with_warmup(
         optimizer,
         num_warmup_steps=warmup_steps(total_steps, warmup_ratio),

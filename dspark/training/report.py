@@ -22,10 +22,10 @@ def _curves(out: Path, curve_metrics: list[str]) -> Path | None:
     train = [r for r in rows if "train/loss" in r]
     if not train:
         return None
-    import matplotlib
+    import matplotlib  # optional: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     steps = [r["step"] for r in train]
@@ -68,7 +68,7 @@ def _calibration_lines(out: Path, cal: dict | None) -> list[str]:
         return []
     if "skipped" in cal:
         return ["", f"Confidence calibration (STS) skipped: {cal['skipped']}."]
-    from dspark.calibration.report import summary_table
+    from dspark.calibration.report import summary_table  # light module: defers torch
 
     c = cal["conditions"]
     png = Path(cal["written_to"]).parent / "calibration_reliability.png"

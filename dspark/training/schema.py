@@ -10,16 +10,19 @@ the objective's `LOSS_WEIGHTS` (dspark/objectives/dspark.py), so the two cannot 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
 from dspark.config import MARKOV_HEAD_TYPES, NUM_TARGET_FEATURES, DSparkConfig
 from dspark.errors import BadInputError
 from dspark.objectives.dspark import CHUNK_SLOTS, LOSS_WEIGHTS
 from dspark.objectives.feature_noise import FEATURE_NOISE
+from dspark.paths import find_dir
 
 
 @dataclass
@@ -248,8 +251,6 @@ _OPTIONAL_BOUNDS: dict[tuple[str, str], tuple[float, str]] = {
 
 
 def _check_bounds(cfg: Any) -> None:
-    import math
-
     for (group, key), (low, inclusive, what) in _BOUNDS.items():
         value = cfg[group][key]
         ok = math.isfinite(value) and (value >= low if inclusive else value > low)
@@ -323,11 +324,7 @@ def register_configs(recipes_dir: Path | None = None) -> None:
 
     `recipes_dir=None` finds it by `dspark.paths.find_dir` ($DSPARK_RECIPES, ./recipes, the
     editable checkout); the scripts pass their own checkout's."""
-    from hydra.core.config_store import ConfigStore
-
     if recipes_dir is None:
-        from dspark.paths import find_dir
-
         recipes_dir = find_dir("recipes")
     cs = ConfigStore.instance()
     cs.store(name="distill_schema", node=DistillConfig)

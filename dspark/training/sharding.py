@@ -28,6 +28,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from dspark.target.capture import base_model
 
@@ -50,10 +53,6 @@ def shard_target(target, device: torch.device, world_size: int):
     Collective: every rank calls it, in the same order relative to other collectives, and
     afterwards every rank must run the target's forward the same number of times.
     """
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     if not dist.is_initialized() or dist.get_world_size() != world_size:
         raise RuntimeError(
             f"target.shard=true needs a process group of {world_size} ranks (got "

@@ -11,6 +11,12 @@ import time
 from pathlib import Path
 
 from accelerate.tracking import GeneralTracker, on_main_process
+from accelerate.utils import (
+    is_mlflow_available,
+    is_tensorboard_available,
+    is_trackio_available,
+    is_wandb_available,
+)
 
 from dspark.errors import MissingPackageError
 from dspark.fileio import dumps_strict
@@ -79,13 +85,6 @@ def trackers(cfg, output_dir: Path) -> list:
     Accelerate skips a tracker whose package is missing with only a debug log; a run asked
     to log to TensorBoard must not silently log nowhere, so a missing package is an error.
     """
-    from accelerate.utils import (
-        is_mlflow_available,
-        is_tensorboard_available,
-        is_trackio_available,
-        is_wandb_available,
-    )
-
     out: list = [JsonlTracker(Path(output_dir) / "metrics.jsonl")]
     backend = _backend(cfg)
     if backend is not None:

@@ -43,7 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
+from dspark.data.collate import PadCollator
 from dspark.data.features.feature_layout import (  # noqa: F401  (re-exported: one import for users)
     DTYPES,
     POSITIONS,
@@ -63,6 +67,7 @@ from dspark.data.features.feature_layout import (  # noqa: F401  (re-exported: o
 from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
 from dspark.errors import BadInputError
 from dspark.locking import writes_output
+from dspark.target.capture import OnlineTargetCapture
 
 FORMAT = "dspark-features-v1"
 MANIFEST = "manifest.json"
@@ -207,8 +212,6 @@ def _compute_shard(
     batches of `batch_size` rows of similar length (the shard's rows sorted by length, ties by
     position: a set of 37-512-token rows in dataset order pads batches of 8 to ~1.4x its tokens,
     sorted to ~1.02x); `on_batch(n_rows)` after each batch (progress)."""
-    from dspark.data.collate import PadCollator
-
     collate = PadCollator(pad_id)
     order = sorted(range(len(rows)), key=lambda i: (len(rows[i]["input_ids"]), i))
     out: list = [None] * len(rows)
@@ -247,11 +250,6 @@ def write_cache(
     Returns the manifest. Resumable: rerun with the same arguments; other settings against an
     existing cache are refused. Refuses to start when the disk lacks room for what is left.
     """
-    from safetensors.torch import save_file
-    from tqdm.auto import tqdm
-
-    from dspark.target.capture import OnlineTargetCapture
-
     if dtype not in DTYPES:
         raise FeatureCacheError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
     if positions not in POSITIONS:
@@ -350,8 +348,6 @@ def write_cache(
 
 
 def _shard_counts(path: Path) -> dict:
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         return {
             "tapped_tokens": int(f.get_slice("tapped").get_shape()[0]),

@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch.utils.data import Dataset
+from tqdm.auto import tqdm
 
 from dspark.data.features.feature_cache import (
     DTYPES,
@@ -94,8 +96,6 @@ class FeatureCache:
     def _shard(self, k: int):
         """(safe_open handle, lengths, tapped_offsets, final_offsets, final_positions)."""
         if k not in self._open:
-            from safetensors import safe_open
-
             f = safe_open(str(self.dir / self.shards[k]["file"]), framework="pt")
             self._open[k] = (
                 f,
@@ -199,8 +199,6 @@ def summarize_rows(
     read (the valid anchors, `stored_positions(..., "loss")`), zero elsewhere. One pass of
     the target's head over the set, `batch_positions` vectors at a time, instead of one per
     training step."""
-    from tqdm.auto import tqdm
-
     out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     pending: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # row, n, positions, [p, H]
 

@@ -19,6 +19,7 @@ import torch
 
 from dspark.errors import BadInputError, MissingPathError
 from dspark.locking import refuse_if_being_written
+from dspark.target import resolve_target
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 POSITIONS = ("all", "loss")
@@ -169,7 +170,10 @@ TOKENIZED_FIX = (
 def load_tokenized(data_dir: str | os.PathLike, key: str = "--data"):
     """The tokenized set (`save_to_disk`, with input_ids and loss_mask) at `data_dir`, else a
     `UserError` saying what the path is instead and which directory to pass."""
-    from datasets import Dataset, load_from_disk
+    from datasets import (  # start-up: keeps cache_features --help fast
+        Dataset,
+        load_from_disk,
+    )
 
     p = Path(data_dir).expanduser()
     if not p.exists():
@@ -221,9 +225,7 @@ def target_dims(spec: str) -> dict:
         if not isinstance(cfg, dict):
             raise FeatureCacheError(f"target config {spec!r} is not a JSON object")
     else:
-        from transformers import AutoConfig
-
-        from dspark.target import resolve_target
+        from transformers import AutoConfig  # start-up: keeps cache_features --help fast
 
         cfg = AutoConfig.from_pretrained(resolve_target(text)).to_dict()
     cfg = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
@@ -238,7 +240,7 @@ def target_dims(spec: str) -> dict:
 
 def resolve_layer_ids(num_hidden_layers: int, layer_ids=None, num_layers_tapped: int = 5) -> list:
     """The draft's default taps (`default_target_layer_ids`) unless `layer_ids` are given."""
-    from dspark.config import default_target_layer_ids
+    from dspark.config import default_target_layer_ids  # start-up: keeps cache_features --help fast
 
     n = int(num_hidden_layers)
     if layer_ids:

@@ -24,6 +24,7 @@ import torch
 
 from dspark.data.features.feature_dataset import ROW_COLUMN, FeatureCache, summarize_rows
 from dspark.locking import CACHE_WAIT_S, exclusive_output
+from dspark.paths import cache_root
 
 Summaries = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
@@ -51,8 +52,6 @@ def summary_key(cache: FeatureCache, head: torch.nn.Module) -> dict:
 
 
 def summary_path(key: dict, root: Path | None = None) -> Path:
-    from dspark.paths import cache_root
-
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return (root or cache_root()) / "target_summaries" / f"{digest}.pt"
 

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import random
 import sys
+import textwrap
 
 # Pure-Python modules present in every CPython 3.10+ installation (sorted).
 MODULES = (
@@ -133,8 +134,6 @@ def _signature(src_lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDe
 
 
 def _dedent(text: str) -> str:
-    import textwrap
-
     return textwrap.dedent(text)
 
 

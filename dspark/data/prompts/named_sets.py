@@ -106,7 +106,7 @@ def find_local(spec: PublicSet, folder: Path | None) -> tuple[Path, str | None] 
 def hub_rows(spec: PublicSet) -> list[dict]:
     """`spec`'s hub split converted to prompt rows; a `MissingPathError` (one line: the set,
     setting the local folder, going online) when `datasets` cannot load it."""
-    import datasets
+    import datasets  # light module: defers datasets
 
     try:
         ds = datasets.load_dataset(spec.hub_id, spec.config, split=spec.split)

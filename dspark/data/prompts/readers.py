@@ -46,7 +46,7 @@ def read_jsonl_lines(path: Path):
 
 def load_raw_dataset(source: str, split: str = "train", name: str | None = None):
     """Load `source` with `datasets`: a file, a `save_to_disk` dir, a data dir or a hub name."""
-    import datasets
+    import datasets  # light module: defers datasets
 
     path = Path(source).expanduser()
     if path.is_file():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dspark.data.prompts.embedded import embedded_prompts
+from dspark.data.prompts.named_sets import load_named_set
 from dspark.data.prompts.presets import Preset, parse_preset
 from dspark.data.prompts.prompt_set import PromptSet, RowSelection, normalize_rows
 from dspark.data.prompts.public_sets import TRAIN_MIX, TRAIN_SETS
@@ -75,8 +77,6 @@ def load_prompts(
     # Without a filter only the first skip + limit rows are read (a prefix of a big set).
     prefix = None if sel.where or sel.limit is None else sel.skip + sel.limit
     if source == "embedded":
-        from dspark.data.prompts.embedded import embedded_prompts
-
         return normalize_rows(embedded_prompts(split), source=f"embedded:{split}", selection=sel)
     if source in TRAIN_SETS + (TRAIN_MIX,) and not Path(source).exists():
         return _load_named(source, split, sel)
@@ -124,8 +124,6 @@ def load_prompts(
 
 def _load_named(name: str, split: str, sel: RowSelection) -> PromptSet:
     """A public training set by name (`named_sets.load_named_set`: local copy, else the hub)."""
-    from dspark.data.prompts.named_sets import load_named_set
-
     if split != "train":
         raise BadInputError(
             f"prompt set {name!r} has only a train split (got {split!r}); hold out part of it "

@@ -27,6 +27,7 @@ from dspark.data.regeneration.sampling import (
     reply_from_tokens,
     stop_token_ids,
 )
+from dspark.decoding import DecoderOptions, SpeculativeDecoder
 from dspark.decoding.sampling import Sampling
 
 
@@ -48,7 +49,6 @@ class DecoderBackend:
         batch_size: int = 32,
         max_length: int | None = None,
     ):
-        from dspark.decoding import DecoderOptions, SpeculativeDecoder
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

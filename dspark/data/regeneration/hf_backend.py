@@ -7,6 +7,7 @@ own generator, so a row's answer depends only on its seed, as with the other bac
 from __future__ import annotations
 
 import torch
+from transformers import GenerationConfig, LogitsProcessorList
 
 from dspark.data.regeneration.sampling import (
     SamplingConfig,
@@ -66,8 +67,6 @@ class HFBackend:
 
     @torch.no_grad()
     def generate(self, convs, seeds, sampling: SamplingConfig):
-        from transformers import GenerationConfig, LogitsProcessorList
-
         texts = prompt_texts(self.tok, convs, self.kw)
         side = self.tok.padding_side
         self.tok.padding_side = "left"

@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark.data.masks import template_of
+from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
 from dspark.data.prompts.diversity import prompt_diversity
 from dspark.data.prompts.prompt_filter import (
     NEAR_THRESHOLD,
@@ -77,8 +79,6 @@ def pre_query_template(
     Raises `BadInputError` naming the reason when the template cannot give one: no chat
     template, a template that refuses the conversation, drops or repeats the message, renders
     a different prefix for another message, or ends a user turn with no special token."""
-    from dspark.data.masks import template_of
-
     template_of(tokenizer)  # no chat template: its own one-line error
     name = getattr(tokenizer, "name_or_path", "?")
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -256,8 +256,6 @@ def magpie_settings(
 
 def check_run(out: Path, settings: dict) -> None:
     """Refuse a directory holding another tool's files or a run with other settings."""
-    from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
-
     require_output_dir(out)
     run = out / RUN
     if not run.exists():

@@ -38,7 +38,7 @@ class OpenAIBackend:
         keep_reasoning: bool = False,
     ):
         try:
-            import openai
+            import openai  # optional: openai
         except ImportError as e:  # pragma: no cover - a dependency of dspark
             raise ImportError(
                 "the server backend needs the `openai` package: pip install openai"

@@ -76,7 +76,7 @@ def regenerate(
     at least (a long build in bounded steps; a rerun continues). `summary.json` says `"complete": false` while a run is
     under way, after a kill and after such a stop, so a reader can tell a finished set.
     """
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # start-up: keeps the data command lines' --help instant
 
     sampling = sampling or SamplingConfig()
     run = run_settings(prompts, sampling, settings)

@@ -14,6 +14,12 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+from dspark.data.outputs import (
+    read_json_object,
+    refuse_foreign,
+    require_output_dir,
+    require_writable_files,
+)
 from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.errors import BadInputError
 
@@ -105,8 +111,6 @@ def _differences(old: dict, new: dict) -> list[str]:
 def read_run(out: Path) -> dict | None:
     """The settings in `out/run.json` when a regeneration wrote it, None when there is none;
     a `run.json` that is not a regeneration's is refused (it would be overwritten)."""
-    from dspark.data.outputs import read_json_object
-
     run = out / RUN
     if not run.exists():
         return None
@@ -123,8 +127,6 @@ def check_output(out: str | os.PathLike, settings: dict | None = None) -> Path:
     """Refuse an output directory a regeneration cannot use, before anything is written: a
     file, an unwritable directory, one holding another tool's files of the same names, or an
     earlier regeneration with other `settings` (when given; `run.json` holds the old ones)."""
-    from dspark.data.outputs import refuse_foreign, require_output_dir, require_writable_files
-
     path = require_output_dir(out)
     old = read_run(path) if path.is_dir() else None
     if old is None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from dspark.data.masks import end_of_turn_ids
+
 
 @dataclass
 class SamplingConfig:
@@ -44,8 +46,6 @@ def row_seed(seed: int, index: int, turn: int) -> int:
 
 def stop_token_ids(tokenizer, chat_template_kwargs=None) -> list[int]:
     """The ids that end an answer: the chat template's end-of-turn marker(s) and EOS."""
-    from dspark.data.masks import end_of_turn_ids
-
     stop = set(end_of_turn_ids(tokenizer, chat_template_kwargs or {}))
     if tokenizer.eos_token_id is not None:
         stop.add(tokenizer.eos_token_id)
