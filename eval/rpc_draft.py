@@ -1,9 +1,9 @@
-"""The draft on another node through llama.cpp's own RPC backend: `rpc-server` holds the draft
+"""The draft on another node through llama.cpp's own RPC backend: `ggml-rpc-server` holds the draft
 (node B), `llama-server` runs the target and drafts through `--rpc` (node A). Both nodes are
 processes on this machine's loopback, with a byte-counting relay between them
 (dspark/bench/tcp_relay.py); the same prompts decode with the draft local, then remote.
 
-    make llama-server      # builds rpc-server with ggml's RPC backend
+    make llama-server      # builds ggml-rpc-server with ggml's RPC backend
     python eval/rpc_draft.py --server-bin $DSPARK_CACHE/llama_cpp/build-native/bin/llama-server \
         --draft runs/quickstart/draft --n-max 2
 
@@ -105,9 +105,11 @@ def main(argv=None) -> None:
         from dspark.target import load_tokenizer
 
         out = Path(a.output_dir)
-        rpc_bin = Path(a.rpc_server_bin or Path(a.server_bin).parent / "rpc-server")
+        rpc_bin = Path(a.rpc_server_bin or Path(a.server_bin).parent / "ggml-rpc-server")
         if not rpc_bin.is_file():
-            raise MissingPathError(f"{rpc_bin}: no rpc-server; build it with `make llama-server`")
+            raise MissingPathError(
+                f"{rpc_bin}: no ggml-rpc-server; build it with `make llama-server`"
+            )
         target_gguf = a.target_gguf
         if target_gguf is None:
             from dspark.target.prepare import GGUF_FILE, gguf_location

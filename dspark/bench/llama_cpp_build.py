@@ -23,8 +23,8 @@ from dspark.errors import MissingPackageError, MissingPathError
 from dspark.locking import CACHE_WAIT_S, exclusive_output
 from dspark.machine import cpu_flags
 
-# llama-quantize: targets in users' quants; rpc-server: a draft on another node (eval/rpc_draft.py)
-TARGETS = ("llama-server", "llama-bench", "llama-quantize", "rpc-server")
+# llama-quantize: targets in users' quants; ggml-rpc-server: a draft on another node (eval/rpc_draft.py)
+TARGETS = ("llama-server", "llama-bench", "llama-quantize", "ggml-rpc-server")
 # /proc/cpuinfo flag -> the ggml option that compiles for it (x86-64)
 X86_FEATURES = (
     ("avx", "GGML_AVX"),
