@@ -162,3 +162,13 @@ def test_mistyped_value_is_one_line(arg, needle):
         check_overrides(["draft=x", "datasets=[gsm8k,embedded]", arg])
     assert "\n" not in str(e.value)
     check_overrides(["draft=x", "datasets=[gsm8k,embedded]", "num_prompts=3", "top_p=0.9"])
+
+
+def test_a_second_benchmark_into_one_output_is_refused(tmp_path, capsys):
+    """Another job holds the output folder: one error line naming it, before any model loads."""
+    from test_locking import held_elsewhere
+
+    out = tmp_path / "bench"
+    with held_elsewhere(out) as proc:
+        last = _job_fails(capsys, [f"draft={tmp_path}", f"output_dir={out}"])
+    assert f"the benchmark output {out} is being written by pid {proc.pid}" in last
