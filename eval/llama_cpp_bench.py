@@ -174,28 +174,18 @@ def run_quants(a, datasets: list[str], out: Path, draft_gguf: str | None) -> Pat
 def main(argv=None) -> None:
     with user_errors("llama_cpp_bench"):
         a = parse(argv)
+        from dspark.bench.llama_cpp import draft_gguf_of, target_gguf_of
         from dspark.eval.prompts import check_datasets
 
         datasets = [d.strip() for d in a.datasets.split(",") if d.strip()]
         check_datasets(datasets, a.bench_dir)
         out = Path(a.output_dir)
-        draft_gguf = a.draft_gguf
-        if a.draft:
-            from dspark.export.gguf import write_gguf
-
-            draft_gguf = str(write_gguf(a.draft, out / "draft.gguf", target=a.target,
-                                        outtype=a.draft_outtype, overwrite=True))  # fmt: skip
+        draft_gguf = draft_gguf_of(a.draft, a.draft_gguf, out, a.target, a.draft_outtype)
         if a.target_quant:
             report = run_quants(a, datasets, out, draft_gguf)
             print(report.read_text())
             return
-        target_gguf = a.target_gguf
-        if target_gguf is None:
-            if a.target != "embedded":
-                raise BadInputError("--target-gguf is required with a --target other than embedded")
-            from dspark.target.prepare import GGUF_FILE, gguf_location
-
-            target_gguf = str(gguf_location() / GGUF_FILE)
+        target_gguf = target_gguf_of(a.target, a.target_gguf)
         _, report = run_one(a, datasets, target_gguf, out, draft_gguf)
     print(report.read_text())
     print(f"results: {out / 'results.json'}")

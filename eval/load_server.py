@@ -49,24 +49,21 @@ def main(argv=None) -> None:
     with user_errors("load_server"):
         a = parse(argv)
         from dspark.bench import load_server as ls
-        from dspark.bench.llama_cpp import EngineSettings, Mode, NativeServerEngine
+        from dspark.bench.llama_cpp import (
+            EngineSettings,
+            Mode,
+            NativeServerEngine,
+            draft_gguf_of,
+            target_gguf_of,
+        )
         from dspark.bench.llama_cpp_report import prompt_sets
         from dspark.fileio import dumps_strict, write_text_atomic
         from dspark.machine import cpu_name
         from dspark.target import load_tokenizer
 
         out = Path(a.output_dir)
-        target_gguf = a.target_gguf
-        if target_gguf is None:
-            from dspark.target.prepare import GGUF_FILE, gguf_location
-
-            target_gguf = str(gguf_location() / GGUF_FILE)
-        draft_gguf = a.draft_gguf
-        if a.draft:
-            from dspark.export.gguf import write_gguf
-
-            draft_gguf = str(write_gguf(a.draft, out / "draft.gguf", target=a.target,
-                                        outtype="q4_0", overwrite=True))  # fmt: skip
+        target_gguf = target_gguf_of(a.target, a.target_gguf)
+        draft_gguf = draft_gguf_of(a.draft, a.draft_gguf, out, a.target)
         modes = [Mode("none")]
         if draft_gguf:
             modes.append(Mode("draft-dspark", a.n_max, a.p_min))

@@ -97,7 +97,7 @@ def main(argv=None) -> None:
         a = parse(argv)
         from dataclasses import asdict, replace
 
-        from dspark.bench.llama_cpp import EngineSettings, Mode
+        from dspark.bench.llama_cpp import EngineSettings, Mode, draft_gguf_of, target_gguf_of
         from dspark.bench.llama_cpp_report import prompt_sets
         from dspark.bench.tcp_relay import TcpRelay
         from dspark.fileio import dumps_strict, write_text_atomic
@@ -110,17 +110,8 @@ def main(argv=None) -> None:
             raise MissingPathError(
                 f"{rpc_bin}: no ggml-rpc-server; build it with `make llama-server`"
             )
-        target_gguf = a.target_gguf
-        if target_gguf is None:
-            from dspark.target.prepare import GGUF_FILE, gguf_location
-
-            target_gguf = str(gguf_location() / GGUF_FILE)
-        draft_gguf = a.draft_gguf
-        if a.draft:
-            from dspark.export.gguf import write_gguf
-
-            draft_gguf = str(write_gguf(a.draft, out / "draft.gguf", target=a.target,
-                                        outtype="q4_0", overwrite=True))  # fmt: skip
+        target_gguf = target_gguf_of(a.target, a.target_gguf)
+        draft_gguf = draft_gguf_of(a.draft, a.draft_gguf, out, a.target)
         sets = [d.strip() for d in a.datasets.split(",") if d.strip()]
         ids = prompt_sets(load_tokenizer(a.target), sets, a.bench_dir, 0, a.num_prompts)
         prompts = [p for s in sets for p in ids[s]]

