@@ -39,16 +39,25 @@ conversation's loss terms equal those it has alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from dspark import losses as L
-from dspark.objectives.base import LocalReducer, Reducer, reduce_named
+from dspark.errors import BadInputError
+from dspark.objectives.base import (
+    LocalReducer,
+    ObjectiveBase,
+    ObjectiveContext,
+    Reducer,
+    reduce_named,
+)
 from dspark.objectives.documents import document_starts, sample_document_anchors
 from dspark.objectives.feature_noise import FEATURE_NOISE, noisy_features
+from dspark.objectives.registry import register_objective
 from dspark.target.capture import (
     FeatureSource,
     OnlineTargetCapture,
@@ -82,8 +91,40 @@ LOSS_WEIGHTS = LossWeights()
 CHUNK_SLOTS = 256
 
 
-class DSparkObjective:
-    name = "dspark"
+# (key) -> (lowest allowed, whether the bound itself is allowed, what the key means)
+_BOUNDS = {
+    "ce_weight": (0, True, "a loss weight"),
+    "l1_weight": (0, True, "a loss weight"),
+    "confidence_weight": (0, True, "a loss weight"),
+    "loss_decay_gamma": (0, False, "the positional decay of the loss"),
+    "feature_noise": (0, True, "the feature noise as a share of each vector's RMS"),
+}
+
+
+@dataclass
+class DSparkSettings:
+    """The run config's `objective.*` keys of the dspark and dflash objectives."""
+
+    ce_weight: float = LOSS_WEIGHTS.ce_weight
+    l1_weight: float = LOSS_WEIGHTS.l1_weight
+    confidence_weight: float = LOSS_WEIGHTS.confidence_weight
+    loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma
+    # supervised slots per loss chunk, recomputed in backward (0 / null: all slots at once)
+    chunk_slots: int | None = CHUNK_SLOTS
+    # Training steps add Gaussian noise to the target's tapped hidden states, std this times
+    # each vector's RMS (dspark/objectives/feature_noise.py); held-out metrics read clean ones.
+    feature_noise: float = FEATURE_NOISE
+
+    def __post_init__(self) -> None:
+        for key, (low, inclusive, what) in _BOUNDS.items():
+            value = getattr(self, key)
+            if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
+                op = ">=" if inclusive else ">"
+                raise BadInputError(f"objective.{key}={value} is out of range: {what}, {op} {low}")
+
+
+@register_objective("dspark", settings=DSparkSettings)
+class DSparkObjective(ObjectiveBase):
     # How the training loop and report treat metrics, declared here so they name none:
     count_metrics = ("supervised_tokens", "blocks")  # summed over held-out batches, not averaged
     progress_metrics = ("loss", "tau_probabilistic", "tau_greedy")  # the progress bar
@@ -152,6 +193,18 @@ class DSparkObjective:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+    @classmethod
+    def from_settings(cls, settings: DSparkSettings, context: ObjectiveContext):
+        """Its settings, the run's seed (anchor sampling; its RNG state is checkpointed) and
+        the feature source (cached features with `data.features`)."""
+        return cls(
+            context.target,
+            context.draft_config,
+            **asdict(settings),
+            seed=context.seed,
+            feature_source=context.feature_source,
+        )
 
     # ---------------------------------------------------------------- public
     def step(
@@ -356,11 +409,10 @@ class DSparkObjective:
         return m
 
 
+@register_objective("dflash", settings=DSparkSettings)
 class DFlashObjective(DSparkObjective):
     """Pure DFlash baseline: the same objective on a draft without Markov and confidence heads
     (`markov_rank=0`, `enable_confidence_head=False`): CE + L1 only."""
-
-    name = "dflash"
 
     def __init__(self, target, draft_config, **kwargs) -> None:
         if int(draft_config.markov_rank) != 0 or draft_config.enable_confidence_head:
