@@ -142,6 +142,7 @@ def test_draft_and_loss_defaults_have_one_source():
 
     import dspark.config as config_module
     import dspark.objectives.dspark as objective_module
+    import dspark.objectives.dspark_settings as settings_module
     import dspark.training.schema as schema_module
     from dspark.config import NUM_TARGET_FEATURES, DSparkConfig, markov_head_types
     from dspark.modeling.heads import MARKOV_HEADS
@@ -172,7 +173,7 @@ def test_draft_and_loss_defaults_have_one_source():
     assert {"vanilla", "gated", "rnn"} <= set(MARKOV_HEADS)
 
     assert not _restated_literals(schema_module.__file__, "DraftConfig", model)
-    assert not _restated_literals(objective_module.__file__, "DSparkSettings", weights)
+    assert not _restated_literals(settings_module.__file__, "DSparkSettings", weights)
     assert not _restated_literals(config_module.__file__, "DSparkConfig.from_target_config", model)
     assert not _restated_literals(objective_module.__file__, "DSparkObjective.__init__", weights)
 

@@ -19,14 +19,8 @@ from dspark.objectives.base import (
     Reducer,
     TorchDistributedReducer,
 )
-from dspark.objectives.dspark import (
-    CHUNK_SLOTS,
-    LOSS_WEIGHTS,
-    DFlashObjective,
-    DSparkObjective,
-    DSparkSettings,
-    LossWeights,
-)
+from dspark.objectives.dspark import DFlashObjective, DSparkObjective
+from dspark.objectives.dspark_settings import CHUNK_SLOTS, LOSS_WEIGHTS, DSparkSettings, LossWeights
 from dspark.objectives.registry import (
     OBJECTIVES,
     build_objective,

@@ -6,7 +6,8 @@ Model fields that travel with the weights (`config.json`) are built from `DraftC
 at draft creation; this run config is never shipped with a checkpoint. Their defaults are not
 written here: `DraftConfig` reads `DSparkConfig`'s (dspark/config.py), and the `objective`
 section is the chosen objective's own settings dataclass (registered beside it,
-dspark/objectives/registry.py; DSpark's read `LOSS_WEIGHTS`), so they cannot drift.
+dspark/objectives/registry.py; DSpark's, dspark/objectives/dspark_settings.py, read
+`LOSS_WEIGHTS`), so they cannot drift.
 """
 
 from __future__ import annotations
