@@ -1,6 +1,7 @@
 # dspark: the two commands of README.md live here.
 #   make quickstart   set up, then prepare SmolLM2 -> regenerate data -> distill -> benchmark
 #   make test         set up, then lint, type-check (mypy) and run the CPU test suite
+#   make debug-data   recipe=debug's data: a tiny random target answers 48 prompts (seconds)
 #   make gpu-check    on one CUDA GPU: gpu tests, a short SmolLM2 training, decoder step times
 #                     (DEVICE=cpu make gpu-check: the same at tiny scale on the CPU)
 SHELL := /bin/bash
@@ -13,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-point ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-point ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +34,12 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 setup: $(VENV)/.installed
+
+# recipe=debug's data (training reads data, never makes it): the tiny random target answers 48
+# embedded prompts, tokenized into runs/data/debug/tokenized (seconds on a CPU).
+debug-data: setup
+	$(PY) data_scripts/regenerate.py --target tiny-qwen3 --input embedded --split train \
+		--limit 48 --max-new-tokens 32 --max-length 768 --output runs/data/debug --tokenize
 
 # The main job's budget on a 2-core CPU (docs/results.md has the measured time); raise for a better draft.
 QS_TRAIN_ROWS ?= 320

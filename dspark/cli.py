@@ -117,11 +117,18 @@ DISTILL_GROUPS = ("target", "draft", "data", "objective", "optim", "trainer", "t
 
 def check_distill_overrides(args: list[str], conf: Path, recipes: Path) -> None:
     """One `error:` line for a misspelt key, a mistyped value or an unknown group choice."""
+    from dspark.objectives import (  # after argument parsing: --help stays instant
+        OBJECTIVES,
+        objective_keys,
+    )
     from dspark.training.schema import DistillConfig  # after argument parsing: --help stays instant
 
     groups = {g: [p.stem for p in (conf / g).glob("*.yaml")] for g in DISTILL_GROUPS}
     groups["recipe"] = [p.stem for p in recipes.glob("*.yaml")]
-    check_overrides(args, DistillConfig, groups)
+    groups["objective"] += list(OBJECTIVES)  # each registered objective is an option
+    # the objectives' own keys (`check` then refuses one the chosen objective lacks)
+    extra = {f"objective.{k}" for name in OBJECTIVES for k in objective_keys(name)}
+    check_overrides(args, DistillConfig, groups, extra_keys=sorted(extra))
     check_sweep_outputs(args, "trainer.output_dir")
 
 

@@ -30,7 +30,6 @@ from dspark.from_target import (
 
 __all__ = [
     "LEGACY_ARCHITECTURES",
-    "MARKOV_HEAD_TYPES",
     "MASK_TOKEN_CANDIDATES",
     "NUM_TARGET_FEATURES",
     "RARE_SPECIAL_FALLBACKS",
@@ -40,12 +39,20 @@ __all__ = [
     "DSparkConfig",
     "choose_mask_token_id",
     "default_target_layer_ids",
+    "markov_head_types",
     "target_family",
 ]
 
-# The Markov head types, the one list: the schema's choices, `check()` and the head registry
-# (dspark/modeling/heads.py, whose classes carry these names) all read it.
-MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+
+def markov_head_types() -> tuple[str, ...]:
+    """The Markov head types, the one list: the registered heads' names
+    (dspark/modeling/heads.py; a module that registers another head adds its name). The
+    schema's choices and `DSparkConfig`'s check read it."""
+    from dspark.modeling.heads import MARKOV_HEADS  # cycle: dspark.modeling.heads imports this
+
+    return tuple(MARKOV_HEADS)
+
+
 # Every draft, whatever its target's family, is built from Qwen3-style decoder layers (q/k
 # RMSNorm, no q/k/v bias) and declares the one architecture upstream vLLM / SGLang / DeepSpec
 # serve: `Qwen3DSparkModel` (vLLM routes `DSparkDraftModel` to DeepSeek-V4: never emit it).
@@ -176,9 +183,10 @@ class DSparkConfig(PretrainedConfig):
             raise ValueError(
                 f"target_model_type must be one of {TARGET_FAMILIES} (got {self.target_model_type!r})"
             )
-        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+        if self.markov_head_type not in markov_head_types():
             raise ValueError(
-                f"unknown markov_head_type {self.markov_head_type!r}; use one of {MARKOV_HEAD_TYPES}"
+                f"unknown markov_head_type {self.markov_head_type!r}; use one of "
+                f"{markov_head_types()}"
             )
         if int(self.markov_rank) < 0:
             raise ValueError(

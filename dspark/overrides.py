@@ -53,11 +53,16 @@ def _first_line(e: Exception) -> str:
 
 
 def check_overrides(
-    args: Iterable[str], schema, groups: Mapping[str, Iterable[str]] | None = None
+    args: Iterable[str],
+    schema,
+    groups: Mapping[str, Iterable[str]] | None = None,
+    extra_keys: Iterable[str] = (),
 ) -> None:
     """Raise a `UserError` for the first bad `key=value` in `args` (see the module doc).
 
-    `schema`: the run config's dataclass; `groups`: config group -> its choices (file stems)."""
+    `schema`: the run config's dataclass; `groups`: config group -> its choices (file stems);
+    `extra_keys`: keys of dict-typed sections the schema cannot list (their values are checked
+    later, by the run config's own checks)."""
     from hydra.core.override_parser.overrides_parser import (  # light module: defers hydra
         OverridesParser,
     )
@@ -66,7 +71,7 @@ def check_overrides(
     from omegaconf.errors import OmegaConfBaseException  # light module: defers omegaconf
 
     groups = {g: sorted(set(c)) for g, c in (groups or {}).items()}
-    known = schema_keys(schema)
+    known = schema_keys(schema) + list(extra_keys)
     parser = OverridesParser.create()
     base = OmegaConf.structured(schema)
     for arg in args:

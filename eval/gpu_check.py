@@ -33,16 +33,24 @@ def run(cmd: list[str], env: dict, log: Path) -> dict:
 def train(device: str, out: Path, env: dict) -> dict:
     """A short run of the one training loop; its own results.json gives the figures."""
     if device == "cpu":
-        over = ["recipe=debug", "trainer.max_steps=4", "data.prompts_limit=16", "trainer.threads=1"]
+        over = ["recipe=debug", "trainer.max_steps=4", "trainer.threads=1"]
+        regen = ["--target", "tiny-qwen3", "--limit", "16", "--max-new-tokens", "32"]
+        regen += ["--max-length", "768"]
         launch = ["--cpu", "--mixed_precision=no"]
     else:
-        over = ["recipe=quickstart", "trainer.max_steps=100", "data.prompts=embedded"]
-        over += ["data.prompts_limit=96", "data.answer_tokens=96", "data.eval=null"]
+        over = ["recipe=quickstart", "trainer.max_steps=100", "data.eval=null"]
+        regen = ["--target", "embedded", "--limit", "96", "--max-new-tokens", "96"]
         over += ["trainer.mixed_precision=bf16", "trainer.threads=null", "trainer.eval_every=0"]
         launch = ["--mixed_precision=bf16"]
         prep = run([sys.executable, "data_scripts/prepare_target.py"], env, out / "prepare.log")
         if prep["rc"] != 0:
             return {**prep, "step": "data_scripts/prepare_target.py (SmolLM2) failed"}
+    # training reads data, never makes it: the target answers the prompts first
+    regen = [sys.executable, "data_scripts/regenerate.py", *regen, "--input", "embedded"]
+    regen += ["--split", "train", "--output", str(out / "data"), "--tokenize", "--no-progress"]
+    made = run(regen, env, out / "regenerate.log")
+    if made["rc"] != 0:
+        return {**made, "step": "data_scripts/regenerate.py failed"}
     over += [f"trainer.output_dir={out / 'train'}", f"data.train={out / 'data' / 'tokenized'}"]
     over += [f"hydra.run.dir={out / 'train'}", "tracking=none"]
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes=1"]

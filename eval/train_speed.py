@@ -7,7 +7,7 @@
         trainer.mixed_precision=no,data.packing=true
 
 Each variant is a comma-separated list of extra overrides. `--fixed-answers N` times the recipe
-on its prompts (`data.prompts`, else embedded) answered by an N-token filler instead of
+on prompts (`--prompts`, embedded by default; `--prompts-limit N`) answered by an N-token filler instead of
 regenerated answers (step time depends on lengths only). Writes runs/<recipe>/train_speed.{json,md}.
 """
 
@@ -26,8 +26,10 @@ from dspark.training.schema import check, register_configs
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-def fixed_answer_set(cfg, answer_tokens: int, out: Path) -> str:
-    """A tokenized set of the recipe's prompts with filler answers (built once, then reused)."""
+def fixed_answer_set(
+    cfg, answer_tokens: int, out: Path, prompts: str = "embedded", limit: int | None = None
+) -> str:
+    """A tokenized set of `prompts` with filler answers (built once, then reused)."""
     path = out / f"fixed_answers_{answer_tokens}"
     if not path.exists():
         from dspark.data.prompts.fixed_answers import filler_answer, with_fixed_answers
@@ -36,7 +38,7 @@ def fixed_answer_set(cfg, answer_tokens: int, out: Path) -> str:
         from dspark.target import load_tokenizer
 
         tok = load_tokenizer(cfg.target.name)
-        rows = load_prompts(cfg.data.prompts or "embedded", limit=cfg.data.prompts_limit).rows
+        rows = load_prompts(prompts, limit=limit).rows
         ds, _ = tokenize_rows(
             with_fixed_answers(rows, filler_answer(tok, answer_tokens)[0]),
             tok,
@@ -57,6 +59,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="output dir (default runs/<recipe>)")
     ap.add_argument("--variants", nargs="*", default=[""], help="comma-separated overrides each")
     ap.add_argument("--fixed-answers", type=int, default=None, metavar="N")
+    ap.add_argument("--prompts", default="embedded", help="prompts of --fixed-answers")
+    ap.add_argument("--prompts-limit", type=int, default=None, metavar="N")
     args = ap.parse_args()
     recipe = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("recipe=")), "custom")
     out = Path(args.out or f"runs/{recipe}")
@@ -74,7 +78,9 @@ def main() -> None:
 
     data = []
     if args.fixed_answers:
-        path = fixed_answer_set(config([]), args.fixed_answers, out)
+        path = fixed_answer_set(
+            config([]), args.fixed_answers, out, args.prompts, args.prompts_limit
+        )
         data = [f"data.train={path}", "data.eval=null", "data.eval_fraction=0.01"]
     runs = []
     for v in args.variants:

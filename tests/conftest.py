@@ -87,17 +87,11 @@ def _seed():
 
 @pytest.fixture(scope="module")
 def debug_data(tmp_path_factory, tiny_target_dir):
-    """Embedded prompts answered by the tiny target itself, tokenized (the debug recipe's data)."""
-    from helpers import debug_cfg
+    """Embedded prompts answered by the tiny target itself, tokenized (the debug recipe's data,
+    as `make debug-data` makes it, on 24 prompts)."""
+    from helpers import make_debug_data
 
-    from dspark.target import load_target
-    from dspark.training.build import regenerate_if_missing
-
-    root = tmp_path_factory.mktemp("debug_data")
-    cfg = debug_cfg(root / "unused", root / "tokenized", "data.prompts_limit=24")
-    target, tok = load_target(cfg.target.name)
-    regenerate_if_missing(cfg, target, tok)
-    return root / "tokenized"
+    return make_debug_data(tmp_path_factory.mktemp("debug_data"), limit=24)
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,36 @@ def debug_cfg(tmp_path, data_dir, *overrides):
     return cfg
 
 
+def make_debug_data(root, limit: int = 24, answer_tokens: int = 32) -> Path:
+    """`root/tokenized`: `limit` embedded prompts answered by the debug recipe's tiny target,
+    tokenized, as `make debug-data` makes them (through the library, no subprocess)."""
+    from dspark.data.prompts.sources import load_prompts
+    from dspark.data.regeneration.decoder_backend import DecoderBackend
+    from dspark.data.regeneration.regenerate import regenerate
+    from dspark.data.regeneration.sampling import SamplingConfig
+    from dspark.data.tokenize import tokenize_file
+    from dspark.target import load_target
+
+    root = Path(root)
+    target, tok = load_target("tiny-qwen3")
+    regenerate(
+        load_prompts("embedded", split="train", limit=limit),
+        DecoderBackend(target, tok, batch_size=32),
+        root,
+        sampling=SamplingConfig(max_new_tokens=answer_tokens, seed=0),
+        batch_size=128,
+        settings={"target": "tiny-qwen3"},
+    )
+    tokenize_file(
+        str(root / "regenerated.jsonl"),
+        str(root / "tokenized"),
+        target="tiny-qwen3",
+        max_length=768,
+        tokenizer=tok,
+    )
+    return root / "tokenized"
+
+
 def losses(out_dir):
     """{step: train/loss} of a run's metrics.jsonl."""
     rows = [json.loads(x) for x in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]

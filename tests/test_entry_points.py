@@ -187,7 +187,7 @@ def test_benchmark_script_mistakes(tmp_path):
 def test_distill_script_mistakes(tmp_path):
     _fails_cleanly(
         _run("train/distill.py", "recipe=debug", "target.name=/nonexistent",
-             f"trainer.output_dir={tmp_path}"),
+             f"trainer.output_dir={tmp_path}", f"data.train={tmp_path}"),
         "distill",
         "Target path '/nonexistent' does not exist",
     )  # fmt: skip
@@ -215,10 +215,24 @@ def test_distill_config_mistakes_are_user_errors(capsys):
     assert "distill: error: draft.markov_head_type='lstm' is not one of" in capsys.readouterr().err
 
 
+def test_a_missing_data_dir_names_the_command_that_makes_it(tmp_path):
+    """Training reads data, never makes it: a missing set is one error line naming the
+    regeneration command and `make debug-data`, before the target loads; nothing is written."""
+    out = tmp_path / "run"
+    proc = _run("train/distill.py", "recipe=debug", "tracking=none", f"hydra.run.dir={out}",
+                f"data.train={tmp_path}/nodata/tokenized")  # fmt: skip
+    last = _fails_cleanly(
+        proc, "distill", f"data.train={tmp_path}/nodata/tokenized does not exist",
+        "data_scripts/regenerate.py", "--tokenize", "make debug-data",
+    )  # fmt: skip
+    assert [line for line in proc.stderr.splitlines() if "error:" in line] == [last]
+    assert not (out / "metrics.jsonl").exists()
+
+
 def test_train_speed_script_mistakes(tmp_path):
     _fails_cleanly(
         _run("eval/train_speed.py", "recipe=debug", f"data.train={tmp_path}/none",
-             "data.prompts=null", "target.name=tiny-qwen4"),
+             "target.name=tiny-qwen4"),
         "train_speed",
         "Unknown tiny target 'tiny-qwen4'",
     )  # fmt: skip

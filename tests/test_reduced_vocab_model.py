@@ -212,7 +212,6 @@ def run_cfg(out, train, *overrides):
                 "recipe=debug",
                 f"trainer.output_dir={out}",
                 f"data.train={train}",
-                "data.prompts=null",
                 "trainer.max_steps=2",
                 "trainer.log_every=1",
                 "trainer.eval_every=0",

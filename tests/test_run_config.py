@@ -14,7 +14,11 @@ GROUPS = ["target", "draft", "data", "objective", "optim", "trainer", "tracking"
 
 
 def _options(group):
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+    """A group's options: its conf/ files, and for `objective` every registered objective."""
+    from dspark.objectives import OBJECTIVES
+
+    files = {p.stem for p in (CONF / group).glob("*.yaml")}
+    return sorted(files | (set(OBJECTIVES) if group == "objective" else set()))
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
@@ -130,7 +134,7 @@ def _restated_literals(path, scope, names):
 
 
 def test_draft_and_loss_defaults_have_one_source():
-    """DSparkConfig holds the draft defaults, LOSS_WEIGHTS the loss weights, MARKOV_HEAD_TYPES
+    """DSparkConfig holds the draft defaults, LOSS_WEIGHTS the loss weights, the head registry
     the head names; the schema, from_target_config and the objective read them, never restate
     them (a restated literal fails even while its value still agrees), so they cannot drift."""
     import dataclasses
@@ -138,11 +142,12 @@ def test_draft_and_loss_defaults_have_one_source():
 
     import dspark.config as config_module
     import dspark.objectives.dspark as objective_module
+    import dspark.objectives.dspark_settings as settings_module
     import dspark.training.schema as schema_module
-    from dspark.config import MARKOV_HEAD_TYPES, NUM_TARGET_FEATURES, DSparkConfig
+    from dspark.config import NUM_TARGET_FEATURES, DSparkConfig, markov_head_types
     from dspark.modeling.heads import MARKOV_HEADS
-    from dspark.objectives import LOSS_WEIGHTS, DSparkObjective
-    from dspark.training.schema import _CHOICES, DraftConfig, ObjectiveConfig
+    from dspark.objectives import LOSS_WEIGHTS, DSparkObjective, DSparkSettings
+    from dspark.training.schema import _CHOICES, DraftConfig
 
     model = {f.name: f.default for f in dataclasses.fields(DSparkConfig)}
     draft = {f.name: f.default for f in dataclasses.fields(DraftConfig)}
@@ -158,16 +163,17 @@ def test_draft_and_loss_defaults_have_one_source():
     assert build["num_target_features"].default == NUM_TARGET_FEATURES
 
     weights = dataclasses.asdict(LOSS_WEIGHTS)
-    objective = {f.name: f.default for f in dataclasses.fields(ObjectiveConfig)}
+    objective = {f.name: f.default for f in dataclasses.fields(DSparkSettings)}
     ctor = inspect.signature(DSparkObjective.__init__).parameters
     assert {k: objective[k] for k in weights} == weights
     assert {k: ctor[k].default for k in weights} == weights
 
-    assert _CHOICES[("draft", "markov_head_type")] is MARKOV_HEAD_TYPES
-    assert tuple(MARKOV_HEADS) == MARKOV_HEAD_TYPES
+    assert _CHOICES[("draft", "markov_head_type")] is markov_head_types
+    assert markov_head_types() == tuple(MARKOV_HEADS)
+    assert {"vanilla", "gated", "rnn"} <= set(MARKOV_HEADS)
 
     assert not _restated_literals(schema_module.__file__, "DraftConfig", model)
-    assert not _restated_literals(schema_module.__file__, "ObjectiveConfig", weights)
+    assert not _restated_literals(settings_module.__file__, "DSparkSettings", weights)
     assert not _restated_literals(config_module.__file__, "DSparkConfig.from_target_config", model)
     assert not _restated_literals(objective_module.__file__, "DSparkObjective.__init__", weights)
 

@@ -263,14 +263,16 @@ def test_a_one_row_set_names_eval_fraction():
     check_split(2, 0.05, "x")  # one row each side
 
 
-def test_regenerating_into_a_directory_of_other_files_is_refused(tmp_path):
-    from dspark.training.build import regenerate_if_missing
+def test_training_never_makes_its_data(tmp_path):
+    """A missing data.train is refused before anything is built, naming the command that makes
+    it; the run neither regenerates into it nor creates it."""
+    from dspark.errors import MissingPathError
+    from dspark.training.loop import run
 
-    (tmp_path / "summary.json").write_text('{"mine": 1}')
-    cfg = debug_cfg(tmp_path / "o", tmp_path / "tokenizd")
-    with pytest.raises(BadInputError, match="holds other files .summary.json"):
-        regenerate_if_missing(cfg, None, None)
-    assert (tmp_path / "summary.json").read_text() == '{"mine": 1}'
+    data = tmp_path / "data" / "tokenized"
+    with pytest.raises(MissingPathError, match="data.train=.* does not exist.*make debug-data"):
+        run(debug_cfg(tmp_path / "o", data, "trainer.max_steps=1"))
+    assert not data.parent.exists()
 
 
 # -- the run config's mistakes: one error each, before anything is built ----------------------

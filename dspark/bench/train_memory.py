@@ -38,7 +38,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from dspark.config import NUM_TARGET_FEATURES, DSparkConfig, choose_mask_token_id
 from dspark.modeling import DSparkDraftModel
 from dspark.objectives import build_objective
-from dspark.objectives.dspark import CHUNK_SLOTS
+from dspark.objectives.dspark_settings import CHUNK_SLOTS
 from dspark.target import load_target, resolve_target
 
 GiB = 2**30

@@ -30,7 +30,24 @@ from torch import nn
 if TYPE_CHECKING:
     from dspark.config import DSparkConfig
 
+# The Markov heads a draft can name (`markov_head_type`), keyed by name; each head registers
+# itself here (`register_markov_head`), and the configs' allowed names are these keys
+# (`dspark.config.markov_head_types`): a new head is one module, registered on import.
+MARKOV_HEADS: dict[str, type[MarkovHead]] = {}
 
+
+def register_markov_head(name: str):
+    """Class decorator: the head `markov_head_type=NAME` builds (its `head_type` is set)."""
+
+    def register(cls: type[MarkovHead]) -> type[MarkovHead]:
+        cls.head_type = name
+        MARKOV_HEADS[name] = cls
+        return cls
+
+    return register
+
+
+@register_markov_head("vanilla")
 class MarkovHead(nn.Module):
     """`vanilla` head; subclasses change only `mix` (and `init_state`)."""
 
@@ -81,9 +98,8 @@ class MarkovHead(nn.Module):
         return self.markov_w2(mixed)
 
 
+@register_markov_head("gated")
 class GatedMarkovHead(MarkovHead):
-    head_type = "gated"
-
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__(config)
         self.gate_proj = nn.Linear(config.hidden_size + self.rank, self.rank)
@@ -95,9 +111,8 @@ class GatedMarkovHead(MarkovHead):
         return gate * emb, state
 
 
+@register_markov_head("rnn")
 class RNNMarkovHead(MarkovHead):
-    head_type = "rnn"
-
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__(config)
         self.joint_proj = nn.Linear(2 * self.rank + config.hidden_size, 3 * self.rank)
@@ -128,11 +143,6 @@ class RNNMarkovHead(MarkovHead):
             m, state = self.mix(h[..., k, :], e[..., k, :], state)
             mixed.append(m)
         return torch.stack(mixed, dim=-2), emb
-
-
-# Keyed by each class's `head_type`; tests/test_run_config.py checks the keys are
-# dspark.config.MARKOV_HEAD_TYPES (the one list of names, which configs validate against).
-MARKOV_HEADS = {cls.head_type: cls for cls in (MarkovHead, GatedMarkovHead, RNNMarkovHead)}
 
 
 def build_markov_head(config: DSparkConfig) -> MarkovHead | None:

@@ -1,22 +1,35 @@
-"""Training objectives (methods) for the one training loop, and a tiny registry.
+"""Training objectives (methods) for the one training loop, each registered by its own module.
 
 objective = build_objective("dspark", target, draft.config, ce_weight=0.1, ...)
 loss, metrics = objective.step(draft, batch, reducer)
 metrics = objective.evaluate(draft, batch, reducer)
+
+A new objective is one module: a class on `ObjectiveBase` decorated with
+`@register_objective("name", settings=ItsSettings)` (dspark/objectives/registry.py); a run
+picks it with `objective=name` (its settings' keys: `objective.KEY=...`).
 """
 
 from __future__ import annotations
 
-from dspark.objectives.base import LocalReducer, Objective, Reducer, TorchDistributedReducer
-from dspark.objectives.dspark import (
-    CHUNK_SLOTS,
-    LOSS_WEIGHTS,
-    DFlashObjective,
-    DSparkObjective,
-    LossWeights,
+from dspark.objectives.base import (
+    LocalReducer,
+    Objective,
+    ObjectiveBase,
+    ObjectiveContext,
+    Reducer,
+    TorchDistributedReducer,
 )
-
-OBJECTIVES = {"dspark": DSparkObjective, "dflash": DFlashObjective}
+from dspark.objectives.dspark import DFlashObjective, DSparkObjective
+from dspark.objectives.dspark_settings import CHUNK_SLOTS, LOSS_WEIGHTS, DSparkSettings, LossWeights
+from dspark.objectives.registry import (
+    OBJECTIVES,
+    build_objective,
+    build_objective_from_config,
+    objective_defaults,
+    objective_keys,
+    objective_settings,
+    register_objective,
+)
 
 # Draft-config overrides (for DSparkConfig.from_target_config) that make a pure DFlash draft.
 # The Hydra option `draft=dflash` (conf/draft/dflash.yaml) states the same keys: both stay,
@@ -30,30 +43,25 @@ DFLASH_CONFIG_OVERRIDES = {
 }
 
 
-def build_objective(name: str, target, draft_config, **cfg) -> Objective:
-    """Objective `name` ("dspark" | "dflash") for `target` and the draft's config; `cfg` goes to
-    the objective's constructor (ce_weight, l1_weight, confidence_weight, loss_decay_gamma,
-    chunk_slots, num_anchors, seed, ...)."""
-    try:
-        cls = OBJECTIVES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown objective {name!r}; choose one of {sorted(OBJECTIVES)}"
-        ) from None
-    return cls(target, draft_config, **cfg)
-
-
 __all__ = [
     "CHUNK_SLOTS",
     "DFLASH_CONFIG_OVERRIDES",
     "DFlashObjective",
     "DSparkObjective",
+    "DSparkSettings",
     "LOSS_WEIGHTS",
     "LossWeights",
     "LocalReducer",
     "OBJECTIVES",
     "Objective",
+    "ObjectiveBase",
+    "ObjectiveContext",
     "Reducer",
     "TorchDistributedReducer",
     "build_objective",
+    "build_objective_from_config",
+    "objective_defaults",
+    "objective_keys",
+    "objective_settings",
+    "register_objective",
 ]

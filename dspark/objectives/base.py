@@ -1,9 +1,12 @@
-"""What every objective shares with the one training loop: the reducer seam and the protocol."""
+"""What every objective shares with the one training loop: the reducer seam, the protocol (all
+the loop reads of an objective), its defaults (`ObjectiveBase`) and what an objective is built
+from (`ObjectiveContext`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -13,7 +16,8 @@ import torch.distributed as dist
 class Reducer(Protocol):
     """Sums tensors over ranks. `world_size` is the number of ranks."""
 
-    world_size: int
+    @property
+    def world_size(self) -> int: ...
 
     def sum(self, t: torch.Tensor) -> torch.Tensor: ...
 
@@ -44,9 +48,24 @@ class TorchDistributedReducer:
 
 @runtime_checkable
 class Objective(Protocol):
-    """A training method: `step` (with grad) and `evaluate` (no grad, same metrics)."""
+    """A training method: everything the one training loop reads of it.
+
+    - `step(draft, batch, reducer) -> (loss, metrics)` with grad; `evaluate` the same metrics
+      without (held-out batches). `metrics["loss"]`, when present, is the global loss the loop
+      checks for divergence.
+    - `count_metrics`: metrics summed over held-out batches instead of averaged; the first one
+      weighs each batch's averages (none: every batch weighs 1).
+    - `progress_metrics`: the metrics the progress bar shows.
+    - `curve_metrics`: the held-out metrics the run report plots (results.json names them).
+    - `state_dict` / `load_state_dict`: what a checkpoint keeps of it (an RNG, say), so a
+      resumed run continues exactly.
+    `ObjectiveBase` gives the defaults: no counts, the bar shows `loss`, no curve, no state.
+    """
 
     name: str
+    count_metrics: tuple[str, ...]
+    progress_metrics: tuple[str, ...]
+    curve_metrics: tuple[str, ...]
 
     def step(
         self, draft, batch: Mapping[str, torch.Tensor], reducer: Reducer | None = None
@@ -55,6 +74,46 @@ class Objective(Protocol):
     def evaluate(
         self, draft, batch: Mapping[str, torch.Tensor], reducer: Reducer | None = None
     ) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass(frozen=True)
+class ObjectiveContext:
+    """What a run gives an objective besides its own settings: the frozen target (None with
+    offline features and a `feature_source`), the draft's config, the run's seed, and where
+    the target's features come from (None: the objective runs the target itself)."""
+
+    target: Any
+    draft_config: Any
+    seed: int = 0
+    feature_source: Any = None
+
+
+class ObjectiveBase:
+    """The protocol's defaults; an objective subclasses it and overrides what it needs.
+
+    `from_settings` builds the objective from its settings (the dataclass it is registered
+    with, `register_objective`) and the run's context: by default
+    `cls(target, draft_config, **settings)`."""
+
+    name: ClassVar[str] = "objective"
+    count_metrics: ClassVar[tuple[str, ...]] = ()
+    progress_metrics: ClassVar[tuple[str, ...]] = ("loss",)
+    curve_metrics: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_settings(cls, settings: Any, context: ObjectiveContext):
+        values = asdict(settings) if settings is not None else {}
+        return cls(context.target, context.draft_config, **values)  # type: ignore[call-arg]
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
 def reduce_named(reducer: Reducer, sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

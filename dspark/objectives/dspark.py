@@ -40,15 +40,27 @@ conversation's loss terms equal those it has alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import torch
 
 from dspark import losses as L
-from dspark.objectives.base import LocalReducer, Reducer, reduce_named
+from dspark.objectives.base import (
+    LocalReducer,
+    ObjectiveBase,
+    ObjectiveContext,
+    Reducer,
+    reduce_named,
+)
 from dspark.objectives.documents import document_starts, sample_document_anchors
+from dspark.objectives.dspark_settings import (
+    CHUNK_SLOTS,
+    LOSS_WEIGHTS,
+    DSparkSettings,
+)
 from dspark.objectives.feature_noise import FEATURE_NOISE, noisy_features
+from dspark.objectives.registry import register_objective
 from dspark.target.capture import (
     FeatureSource,
     OnlineTargetCapture,
@@ -61,29 +73,8 @@ if TYPE_CHECKING:
     from dspark.modeling.slot_chunks import SlotLoss
 
 
-@dataclass(frozen=True)
-class LossWeights:
-    """The loss-weight defaults (method doc, section 2), written here once: `DSparkObjective`
-    and the run config's `objective` group (dspark/training/schema.py) both read them."""
-
-    ce_weight: float = 0.1
-    l1_weight: float = 0.9
-    confidence_weight: float = 1.0
-    loss_decay_gamma: float = 4.0
-
-
-LOSS_WEIGHTS = LossWeights()
-
-# Supervised slots per loss chunk (`objective.chunk_slots`; 0 / None: all at once): the draft's
-# and target's vocabulary-sized fp32 tensors exist for one chunk at a time, recomputed in
-# backward (dspark/modeling/slot_chunks.py). At V = 152k one fp32 [256, V] tensor is 156 MB
-# (a 4096-token sequence with 512 anchors of gamma 7 has 3584 slots: 2.2 GB per tensor
-# unchunked); 256 rows still keep the lm_head matmuls large.
-CHUNK_SLOTS = 256
-
-
-class DSparkObjective:
-    name = "dspark"
+@register_objective("dspark", settings=DSparkSettings)
+class DSparkObjective(ObjectiveBase):
     # How the training loop and report treat metrics, declared here so they name none:
     count_metrics = ("supervised_tokens", "blocks")  # summed over held-out batches, not averaged
     progress_metrics = ("loss", "tau_probabilistic", "tau_greedy")  # the progress bar
@@ -152,6 +143,18 @@ class DSparkObjective:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+    @classmethod
+    def from_settings(cls, settings: DSparkSettings, context: ObjectiveContext):
+        """Its settings, the run's seed (anchor sampling; its RNG state is checkpointed) and
+        the feature source (cached features with `data.features`)."""
+        return cls(
+            context.target,
+            context.draft_config,
+            **asdict(settings),
+            seed=context.seed,
+            feature_source=context.feature_source,
+        )
 
     # ---------------------------------------------------------------- public
     def step(
@@ -356,11 +359,10 @@ class DSparkObjective:
         return m
 
 
+@register_objective("dflash", settings=DSparkSettings)
 class DFlashObjective(DSparkObjective):
     """Pure DFlash baseline: the same objective on a draft without Markov and confidence heads
     (`markov_rank=0`, `enable_confidence_head=False`): CE + L1 only."""
-
-    name = "dflash"
 
     def __init__(self, target, draft_config, **kwargs) -> None:
         if int(draft_config.markov_rank) != 0 or draft_config.enable_confidence_head:

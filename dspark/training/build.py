@@ -18,18 +18,14 @@ from dspark.data.features.feature_cache import target_identity
 from dspark.data.features.feature_dataset import ROW_COLUMN, CachedFeatureDataset, FeatureCache
 from dspark.data.features.summary_cache import load_or_summarize
 from dspark.data.packing import PackedDataset
-from dspark.data.prompts.sources import load_prompts
-from dspark.data.regeneration.decoder_backend import DecoderBackend
-from dspark.data.regeneration.regenerate import regenerate
-from dspark.data.regeneration.sampling import SamplingConfig
-from dspark.data.tokenize import MANIFEST, chat_template_hash, tokenize_file, tokenizer_hash
+from dspark.data.tokenize import MANIFEST, chat_template_hash, tokenizer_hash
 from dspark.errors import BadInputError, MissingPathError
 from dspark.export import load_draft
 from dspark.locking import refuse_if_being_written
 from dspark.modeling import DSparkDraftModel
 from dspark.modeling.lora import apply_lora
 from dspark.modeling.warm_start import warm_start_from_target
-from dspark.objectives import build_objective
+from dspark.objectives import ObjectiveContext, build_objective_from_config
 from dspark.target import load_target
 from dspark.target.capture import BatchFeatures, target_summary
 from dspark.training.draft_vocab import choose_draft_vocab, requested_size, vocab_path
@@ -49,13 +45,11 @@ def build_draft(
     device: torch.device,
     *,
     main_first: Callable[[], AbstractContextManager] | None = None,
-    is_main: bool = True,
 ):
     """The frozen target, its tokenizer, and the draft (fresh from the target, or `init_from`).
 
-    A fresh draft with `draft.vocab_size=K` needs `data.train` to count its vocabulary: the
-    set is regenerated first when it is missing (`regenerate_if_missing`, on the main process
-    only), and the vocabulary file is read or written inside `main_first()` (the loop passes
+    A fresh draft with `draft.vocab_size=K` counts its vocabulary in `data.train`: the
+    vocabulary file is read or written inside `main_first()` (the loop passes
     `accelerator.main_process_first`: the main process writes, the others then read)."""
     target, tokenizer = load_target(cfg.target.name, dtype=cfg.target.dtype, device=device)
     d = cfg.draft
@@ -74,8 +68,6 @@ def build_draft(
         vocab = None
         if requested_size(cfg, V) is not None:  # the range check before any data work
             with (main_first or nullcontext)():
-                if is_main:
-                    regenerate_if_missing(cfg, target, tokenizer)
                 vocab = choose_draft_vocab(cfg, V)
         try:
             config = _draft_config(cfg, target, tokenizer, None if vocab is None else vocab.size)
@@ -147,65 +139,40 @@ def _draft_config(cfg, target, tokenizer, draft_vocab_size: int | None = None):
 
 
 def build_objective_for(cfg, target, draft_config):
-    """The objective; with `data.features` it reads cached features from the batch instead of
-    running the target (whose lm_head still gives the target distribution)."""
-    o = cfg.objective
-    return build_objective(
-        o.name,
+    """The objective `cfg.objective` names, built from its own settings; with `data.features`
+    it reads cached features from the batch instead of running the target (whose lm_head
+    still gives the target distribution)."""
+    context = ObjectiveContext(
         target,
         draft_config,
-        ce_weight=o.ce_weight,
-        l1_weight=o.l1_weight,
-        confidence_weight=o.confidence_weight,
-        loss_decay_gamma=o.loss_decay_gamma,
-        chunk_slots=o.chunk_slots,
-        feature_noise=o.feature_noise,
         seed=cfg.trainer.seed,  # anchor sampling; its RNG state is checkpointed
         feature_source=BatchFeatures() if cfg.data.features else None,
     )
+    return build_objective_from_config(cfg.objective, context)
 
 
-def regenerate_if_missing(cfg, target, tokenizer) -> None:
-    """Build `data.train` from `data.prompts` answered by the target itself, when it is missing.
+# The command that makes a data dir, named by the error a missing one gives (`make debug-data`
+# runs it for recipe=debug; README's "Train" section has the others).
+DATA_COMMAND = (
+    "python data_scripts/regenerate.py --target TARGET --input PROMPTS --output DIR --tokenize"
+)
 
-    Writes `<train>/..` (regenerated.jsonl, resumable) and `<train>` (tokenized). Call on one
-    rank; the others wait (`accelerator.main_process_first()`).
-    """
+
+def require_data(cfg) -> None:
+    """Every data dir the run reads exists (training reads data, it never makes it): a
+    missing one is a `MissingPathError` naming the command that makes it."""
     d = cfg.data
-    train = Path(d.train).expanduser()
-    if train.exists() or not d.prompts:
-        return
-    out = train.parent
-    others = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    if others and not (out / "run.json").is_file():  # run.json: an earlier regeneration's
-        raise BadInputError(
-            f"data.train={d.train} does not exist, and regenerating data.prompts={d.prompts} "
-            f"into it would write into {out}, which holds other files ({', '.join(others[:4])}"
-            f"{', ...' if len(others) > 4 else ''}). Check the path for a typo, or point "
-            "data.train at a new directory (DIR/tokenized)"
-        )
-    print(
-        f"data.train={d.train} does not exist: regenerating data.prompts={d.prompts} with the "
-        f"target into {out}, then tokenizing it into {train}",
-        flush=True,
-    )
-
-    prompts = load_prompts(d.prompts, split="train", limit=d.prompts_limit)
-    regenerate(
-        prompts,
-        DecoderBackend(target, tokenizer, batch_size=32),
-        train.parent,
-        sampling=SamplingConfig(max_new_tokens=d.answer_tokens, seed=cfg.trainer.seed),
-        batch_size=128,  # rows per resumable chunk, decoded in length-sorted batches of 32
-        settings={"target": cfg.target.name},  # greedy: equal to the HF backend of old runs
-    )
-    tokenize_file(
-        str(train.parent / "regenerated.jsonl"),
-        str(train),
-        target=cfg.target.name,
-        max_length=d.max_length,
-        tokenizer=tokenizer,
-    )
+    specs = [("data.train", d.train), ("data.eval", d.eval)]
+    for key, spec in specs:
+        for path in [p.strip() for p in str(spec or "").split(",") if p.strip()]:
+            p = Path(path).expanduser()
+            if p.exists():
+                continue
+            raise MissingPathError(
+                f"{key}={path} does not exist: training reads a tokenized set, it never makes "
+                f"one. Make it first with `{DATA_COMMAND}` (it writes DIR/tokenized; "
+                f"`make debug-data` makes recipe=debug's), or point {key} at an existing set"
+            )
 
 
 def open_feature_caches(cfg, target, draft_config):

@@ -4,8 +4,10 @@ Hydra merges `conf/` group files and a `recipes/` experiment onto `DistillConfig
 unknown or misspelt key, or a value of the wrong type, is an error before anything runs.
 Model fields that travel with the weights (`config.json`) are built from `DraftConfig` once,
 at draft creation; this run config is never shipped with a checkpoint. Their defaults are not
-written here: `DraftConfig` reads `DSparkConfig`'s (dspark/config.py) and `ObjectiveConfig`
-the objective's `LOSS_WEIGHTS` (dspark/objectives/dspark.py), so the two cannot drift.
+written here: `DraftConfig` reads `DSparkConfig`'s (dspark/config.py), and the `objective`
+section is the chosen objective's own settings dataclass (registered beside it,
+dspark/objectives/registry.py; DSpark's, dspark/objectives/dspark_settings.py, read
+`LOSS_WEIGHTS`), so they cannot drift.
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from dspark.config import MARKOV_HEAD_TYPES, NUM_TARGET_FEATURES, DSparkConfig
+from dspark.config import NUM_TARGET_FEATURES, DSparkConfig, markov_head_types
 from dspark.errors import BadInputError
-from dspark.objectives.dspark import CHUNK_SLOTS, LOSS_WEIGHTS
-from dspark.objectives.feature_noise import FEATURE_NOISE
+from dspark.objectives import OBJECTIVES, objective_defaults, objective_settings
 from dspark.paths import find_dir
 
 
@@ -67,7 +68,7 @@ class DraftConfig:
     mask_token_id: int | None = None  # None: an unused special token of the tokenizer
     num_anchors: int = DSparkConfig.num_anchors
     markov_rank: int = DSparkConfig.markov_rank  # 0: no Markov head (pure DFlash)
-    markov_head_type: str = DSparkConfig.markov_head_type  # one of MARKOV_HEAD_TYPES
+    markov_head_type: str = DSparkConfig.markov_head_type  # one of markov_head_types()
     enable_confidence_head: bool = DSparkConfig.enable_confidence_head
     confidence_head_with_markov: bool = DSparkConfig.confidence_head_with_markov
     # K < the target's vocabulary: the draft scores the K most frequent supervised tokens of
@@ -79,11 +80,6 @@ class DraftConfig:
 class DataConfig:
     # a tokenized dataset dir (regenerate.py --tokenize), or several: a,b (CLI: 'data.train="a,b"')
     train: str = MISSING
-    # When `train` does not exist yet and `prompts` is set (embedded | a prompt file), the run
-    # first regenerates those prompts with the target and tokenizes them into `train`.
-    prompts: str | None = None
-    prompts_limit: int | None = None
-    answer_tokens: int = 128
     eval: str | None = None  # held-out tokenized dir; None: carve eval_fraction off train
     # Offline target features (data_scripts/cache_features.py): a cache of `train` made for this
     # target and draft.target_layer_ids; training then runs no target forward. `eval_features`
@@ -104,20 +100,6 @@ class DataConfig:
     batch_size: int = 4  # sequences (packed rows with packing) per device per micro-step
     num_workers: int = 0
     shuffle: bool = True
-
-
-@dataclass
-class ObjectiveConfig:
-    name: str = "dspark"
-    ce_weight: float = LOSS_WEIGHTS.ce_weight
-    l1_weight: float = LOSS_WEIGHTS.l1_weight
-    confidence_weight: float = LOSS_WEIGHTS.confidence_weight
-    loss_decay_gamma: float = LOSS_WEIGHTS.loss_decay_gamma
-    # supervised slots per loss chunk, recomputed in backward (0 / null: all slots at once)
-    chunk_slots: int | None = CHUNK_SLOTS
-    # Training steps add Gaussian noise to the target's tapped hidden states, std this times
-    # each vector's RMS (dspark/objectives/feature_noise.py); held-out metrics read clean ones.
-    feature_noise: float = FEATURE_NOISE
 
 
 @dataclass
@@ -183,14 +165,18 @@ class DistillConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     draft: DraftConfig = field(default_factory=DraftConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    # The objective's own keys beside its name (objective=NAME picks one and its defaults): each
+    # objective declares them (dspark/objectives/registry.py); `check` refuses a key the chosen
+    # one lacks and fills the defaults of those not set.
+    objective: dict[str, Any] = field(default_factory=lambda: {"name": "dspark"})
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
-_CHOICES = {
-    ("draft", "markov_head_type"): MARKOV_HEAD_TYPES,
+# Each key's allowed values (a function: read when checked, e.g. the registered heads).
+_CHOICES: dict[tuple[str, str], Any] = {
+    ("draft", "markov_head_type"): markov_head_types,
     ("draft", "init"): ("random", "target_layers"),
     ("trainer", "mixed_precision"): ("no", "bf16", "fp16", "auto"),
     ("trainer", "attention"): ("auto", "sdpa", "flex"),
@@ -207,16 +193,10 @@ _BOUNDS: dict[tuple[str, str], tuple[float, bool, str]] = {
     ("draft", "num_hidden_layers"): (1, True, "draft decoder layers"),
     ("draft", "num_target_layers_tapped"): (1, True, "target layers the draft reads"),
     ("draft", "num_anchors"): (1, True, "blocks sampled per sequence"),
-    ("data", "answer_tokens"): (1, True, "tokens per regenerated answer"),
     ("data", "max_eval_rows"): (1, True, "held-out rows"),
     ("data", "max_length"): (2, True, "tokens per row"),
     ("data", "batch_size"): (1, True, "rows per device per micro-step"),
     ("data", "num_workers"): (0, True, "loader worker processes"),
-    ("objective", "ce_weight"): (0, True, "a loss weight"),
-    ("objective", "l1_weight"): (0, True, "a loss weight"),
-    ("objective", "confidence_weight"): (0, True, "a loss weight"),
-    ("objective", "loss_decay_gamma"): (0, False, "the positional decay of the loss"),
-    ("objective", "feature_noise"): (0, True, "the feature noise as a share of each vector's RMS"),
     ("optim", "lr"): (0, False, "the learning rate"),
     ("optim", "weight_decay"): (0, True, "AdamW's weight decay"),
     ("optim", "warmup_ratio"): (0, True, "the warm-up share of all steps"),
@@ -244,7 +224,6 @@ _BOUNDS: dict[tuple[str, str], tuple[float, bool, str]] = {
 _OPTIONAL_BOUNDS: dict[tuple[str, str], tuple[float, str]] = {
     ("trainer", "max_steps"): (1, "optimizer steps (null: from trainer.epochs)"),
     ("trainer", "threads"): (1, "torch CPU threads (null: torch's default)"),
-    ("data", "prompts_limit"): (1, "prompts to regenerate (null: all)"),
     # the upper bound, the target's vocabulary size, is checked when the target is loaded
     ("draft", "vocab_size"): (1, "draft vocabulary tokens (null: the target's full vocabulary)"),
 }
@@ -286,11 +265,17 @@ def check(cfg: Any) -> None:
             "data.train is not set: pass data.train=DIR, a tokenized dataset "
             "(python data_scripts/regenerate.py ... --tokenize writes DIR/tokenized)"
         )
-    for (group, key), allowed in _CHOICES.items():
+    for (group, key), choices in _CHOICES.items():
+        allowed = choices() if callable(choices) else choices
         value = cfg[group][key]
         if value not in allowed:
             raise BadInputError(f"{group}.{key}={value!r} is not one of {allowed}")
     _check_bounds(cfg)
+    settings = objective_settings(cfg.objective)  # its own keys, types and ranges
+    name = str(cfg.objective.get("name", "dspark"))
+    values = objective_defaults(name)
+    values.update({k: getattr(settings, k) for k in values if k != "name"})
+    cfg.objective = values  # every key, as run_config.json records it
     if cfg.draft.block_size < 1:
         raise BadInputError(f"draft.block_size must be >= 1, got {cfg.draft.block_size}")
     if cfg.draft.lora.r < 0:
@@ -328,5 +313,7 @@ def register_configs(recipes_dir: Path | None = None) -> None:
         recipes_dir = find_dir("recipes")
     cs = ConfigStore.instance()
     cs.store(name="distill_schema", node=DistillConfig)
+    for name in OBJECTIVES:  # objective=NAME: the name and its settings' defaults
+        cs.store(group="objective", name=name, node=objective_defaults(name))
     for path in sorted(recipes_dir.glob("*.yaml")):
         cs.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")

@@ -25,8 +25,6 @@ holds the full target (host RAM holds one full copy per process while loading).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -83,12 +81,4 @@ def check_shardable(cfg, world_size: int) -> None:
             "target.shard=true needs at least 2 processes (one process holds the whole target "
             "anyway); launch with `accelerate launch --num_processes N` (see README, "
             "'Scale out') or drop target.shard"
-        )
-    train = Path(cfg.data.train).expanduser()
-    if not train.exists() and cfg.data.prompts:
-        raise ValueError(
-            f"data.train={train} does not exist and target.shard=true: in-loop regeneration "
-            "runs the target on one rank, which a sharded target cannot do. Regenerate first "
-            "with `python data_scripts/regenerate.py --server URL ... --tokenize` (a vLLM / "
-            "SGLang server, see recipes/qwen3_8b.yaml) and point data.train at the result."
         )

@@ -8,7 +8,7 @@ the hub set and one on a local copy give the same prompts (the maths sets end in
 
 - bench sets (what `datasets=[...]` of the benchmark names): gsm8k, humaneval, mbpp, math500,
   mt-bench; a local folder holds them as `<name>.jsonl`;
-- training sets (what `--input` / `data.prompts` names): gsm8k-train, self-instruct-seed; a
+- training sets (what `--input` names): gsm8k-train, self-instruct-seed; a
   local folder holds them as `<name>.jsonl`, or as the rows of `train_mix.jsonl` whose
   `source` is the name. `train_mix` itself (those two plus prompts of T0 task templates) is
   local only: its T0 part is a sample of P3 that the hub does not serve in this form.
@@ -86,7 +86,7 @@ def self_instruct_turns(row: dict) -> list[str]:
 @dataclass(frozen=True)
 class PublicSet:
     name: str
-    kind: str  # "bench" (the benchmark's datasets=[...]) | "train" (--input / data.prompts)
+    kind: str  # "bench" (the benchmark's datasets=[...]) | "train" (--input)
     hub_id: str
     split: str
     convert: Callable[[dict], list[str]]  # a hub row -> its user turns

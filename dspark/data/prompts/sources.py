@@ -1,4 +1,4 @@
-"""The loader behind every `--input` / `data.prompts`: one name or path to a `PromptSet`.
+"""The loader behind every `--input`: one name or path to a `PromptSet`.
 
 `load_prompts(source)` takes `embedded` (the stdlib-built default set), a named preset of
 `presets.PRESETS` (or `NAME=PATH`, a local copy of one), a named public set of
