@@ -60,6 +60,12 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bench-dir", default=None)
+    ap.add_argument(
+        "--stop-at-eos",
+        action="store_true",
+        help="end an answer at its end-of-turn token (default: every answer runs to "
+        "--max-new-tokens, as serving benchmarks' ignore_eos, so each request is that long)",
+    )
     ap.add_argument("--output-dir", default="runs/long_answers")
     a = ap.parse_args(argv)
     with user_errors("long_answers"):
@@ -80,7 +86,7 @@ def main(argv=None) -> None:
         draft = load_draft(a.draft, dtype=dtype)
         rss = {"target_mb": with_target - before, "draft_mb": rss_mb() - with_target}
         dec = SpeculativeDecoder(target, draft, DecoderOptions(max_length=4096))
-        eos = tok.eos_token_id
+        eos = tok.eos_token_id if a.stop_at_eos else None
         prompts = [list(render(tok, c[:1], [])) for name in a.datasets.split(",")
                    for c in load_dataset(name.strip(), a.bench_dir, a.num_prompts)]  # fmt: skip
         dec.generate_autoregressive([prompts[0]], 16, eos)  # warm-up, both paths
@@ -101,6 +107,7 @@ def main(argv=None) -> None:
         cond = {"cpu": cpu_name(), "threads": a.threads, "dtype": a.dtype, "batch": 1,
                 "temperature": 0.0, "max_new_tokens": a.max_new_tokens,
                 "prompts": len(prompts), "datasets": a.datasets, "draft": a.draft,
+                "answers_end_at_eos": a.stop_at_eos,
                 "engine": "bundled decoder"}  # fmt: skip
         res = {"conditions": cond, "plain": ar, "dspark": spec, "memory_mb": rss,
                "figures": figures, "claims": CLAIMS, "runs": runs}  # fmt: skip

@@ -371,12 +371,24 @@ def cost_model_lines(tuning: dict) -> list[str]:
         return []
     s = cost["plain_step_ms"]
     r = tuning["rounds"]
+    curve = cost.get("verify_ms")
+    rc = flags.RoundCost(**{**cost, "verify_ms": {int(k): v for k, v in curve.items()}
+                            if curve else None})  # fmt: skip
+    verify = (
+        "the target's verify work from its measured pass curve (llama-bench: "
+        + ", ".join(
+            f"{k} tokens {float(v):.2f} ms"
+            for k, v in sorted(curve.items(), key=lambda kv: int(kv[0]))
+        )
+        + ")"
+        if curve
+        else f"{cost['per_draft_ms']:.2f} ms of verify per drafted token"
+    )
     return [
         f"Cost model fitted to those runs (llama_cpp_flags): plain step {s:.2f} ms; a round adds "
         f"{cost['base_ms']:.2f} ms of draft work whatever it drafts, {cost['per_slot_ms']:.2f} ms "
-        f"per n_max slot and {cost['per_draft_ms']:.2f} ms of verify per drafted token, so even "
-        f"n_max 1 needs tau >= {(s + cost['base_ms'] + cost['per_slot_ms']) / s:.2f} "
-        "to break even. Acceptance from the bundled decoder's rounds on the same prompts "
+        f"per n_max slot and {verify}, so even n_max 1 (one draft kept) needs tau >= "
+        f"{rc.round_ms(1, 1) / s:.2f} to break even. Acceptance from the bundled decoder's rounds on the same prompts "
         f"({r['count']} rounds, {r['decoder']}, "
         f"{'STS-calibrated' if r['calibrated'] else 'uncalibrated'} confidence).",
         "",
