@@ -68,7 +68,7 @@ def _sets(*rows_per_set):
 
 
 def test_the_report_recommends_what_pays_with_the_numbers():
-    from dspark.bench.llama_cpp_report import recommendation
+    from dspark.bench.llama_cpp_advice import recommendation
 
     plain = _row("none", 0, 100.0)
     losing = _sets(

@@ -48,3 +48,17 @@ def relative(curve: dict[int, float]) -> dict[int, float]:
     """The curve in single-token passes: how quants and machines compare."""
     one = curve[min(curve)]
     return {n: round(ms / one, 3) for n, ms in curve.items()}
+
+
+def server_curve(settings, block_size: int, progress) -> dict[int, float] | None:
+    """The target's pass costs for 1..block_size tokens from the `llama-bench` built beside a
+    native `llama-server` (llama_cpp_curve.py); None without one (the fit then prices verify
+    work linearly)."""
+    if not getattr(settings, "server_bin", None):  # xllamacpp, or a simulated engine
+        return None
+    bench_bin = Path(settings.server_bin).parent / "llama-bench"
+    if not bench_bin.is_file():
+        return None
+    curve = measure_curve(bench_bin, settings.target_gguf, settings.threads, max_n=block_size)
+    progress(f"verify curve (single-token passes): {relative(curve)}")
+    return curve

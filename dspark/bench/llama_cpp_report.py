@@ -3,11 +3,10 @@
 `bench(...)` decodes the first `num_prompts` conversations of each set (first user turn,
 rendered by the target's chat template into token ids, as eval/benchmark.py does) in
 llama.cpp: plain, `draft-dspark` for each (n_max, p_min) asked for, and n-gram speculation.
-With `tune`, it first measures a grid of (n_max, p_min) on the prompts after those (never on
-the measured ones) and adds the fastest to the measured modes. With `ours` (the
-`results.json` of eval/benchmark.py on the same draft, sets and prompts), the report puts the
-bundled decoder's figures beside llama.cpp's.
-"""
+With `tune`, it first measures (n_max, p_min) modes on the prompts after those and adds its
+choice to the measured modes. With `ours` (eval/benchmark.py's `results.json` on the same
+draft and prompts) the report sets the bundled decoder's figures beside llama.cpp's; its
+"Serve with" line comes from llama_cpp_advice.py."""
 
 from __future__ import annotations
 
@@ -23,7 +22,8 @@ from dspark.bench.llama_cpp import (
     run_modes,
     server_args,
 )
-from dspark.bench.llama_cpp_curve import measure_curve, relative
+from dspark.bench.llama_cpp_advice import recommendation
+from dspark.bench.llama_cpp_curve import server_curve
 from dspark.bench.llama_cpp_rounds import decoder_rounds
 from dspark.eval.prompts import load_dataset, render
 from dspark.fileio import dumps_strict, write_text_atomic
@@ -54,20 +54,6 @@ def tune_modes(block_size: int, has_confidence: bool, how: str) -> list[Mode]:
     return [Mode("draft-dspark", n, p) for n in range(1, block_size) for p in p_grid]
 
 
-def verify_curve(settings, block_size: int, progress) -> dict[int, float] | None:
-    """The target's pass costs for 1..block_size tokens from the `llama-bench` built beside a
-    native `llama-server` (llama_cpp_curve.py); None without one (the fit then prices verify
-    work linearly)."""
-    if not getattr(settings, "server_bin", None):  # xllamacpp, or a simulated engine
-        return None
-    bench_bin = Path(settings.server_bin).parent / "llama-bench"
-    if not bench_bin.is_file():
-        return None
-    curve = measure_curve(bench_bin, settings.target_gguf, settings.threads, max_n=block_size)
-    progress(f"verify curve (single-token passes): {relative(curve)}")
-    return curve
-
-
 def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_tokens, progress,
          how: str = "grid", rounds=None):  # fmt: skip
     """Measure `tune_modes` on `prompts` (pooled over their sets); the fastest measured mode, or
@@ -92,7 +78,7 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
     out = {"grid": grid, "how": how, "plain_tokens_per_s": plain.tokens / plain.seconds}
     chosen = Mode("draft-dspark", int(best["n_max"]), float(best["p_min"]))
     if rounds is not None:
-        curve = verify_curve(settings, block_size, progress)
+        curve = server_curve(settings, block_size, progress)
         out["verify_curve_ms"] = curve
         cost = flags.fit_round_cost(grid, 1e3 * plain.seconds / plain.tokens, curve)
         conf, surv = rounds["conf"], rounds["survival"]
@@ -228,45 +214,6 @@ def fastest(results: dict) -> dict[str, list[tuple[str, float]]]:
             if ours.get(key):
                 ways.append((f"bundled decoder {label} ({dtype})", ours[key]))
         out[name] = sorted(ways, key=lambda w: -w[1])
-    return out
-
-
-def recommendation(results: dict) -> dict:
-    """What to serve with on this machine: the draft-dspark mode with the best mean speedup
-    over the sets when it beats plain decoding; else n-gram speculation when that does, else
-    plain decoding, with the numbers that say why (the draft's tau against the tau its round
-    needs to break even, which is what a better draft must reach)."""
-
-    def mean(rows_by_set, name, key):
-        vals = [r.get(key) for rows in rows_by_set for r in rows if r["name"] == name]
-        vals = [v for v in vals if v is not None]
-        return sum(vals) / len(vals) if len(vals) == len(rows_by_set) and vals else None
-
-    sets = list(results["datasets"].values())
-    names = {r["name"]: r["mode"]["spec"] for rows in sets for r in rows}
-    scored = {n: mean(sets, n, "speedup_vs_plain") for n, spec in names.items() if spec != "none"}
-    dspark = [n for n in scored if names[n] == "draft-dspark" and scored[n] is not None]
-    ngram = [n for n in scored if names[n] == "ngram-mod" and scored[n] is not None]
-    best = max(dspark, key=lambda n: scored[n] or 0.0) if dspark else None
-    out: dict = {"best_dspark": best, "best_dspark_speedup": scored.get(best) if best else None}
-    if best:
-        out["tau"] = mean(sets, best, "tau")
-        out["break_even_tau"] = mean(sets, best, "break_even_tau")
-    top_ngram = max(ngram, key=lambda n: scored[n] or 0.0) if ngram else None
-    if best and (scored[best] or 0.0) > 1.0:
-        out["serve"] = best
-        out["why"] = f"{best} is {scored[best]:.2f}x plain decoding (mean over the sets)"
-    elif top_ngram and (scored[top_ngram] or 0.0) > 1.0:
-        out["serve"] = top_ngram
-        out["why"] = f"{top_ngram} is {scored[top_ngram]:.2f}x plain decoding; the draft loses"
-    else:
-        out["serve"] = "plain"
-        out["why"] = "no speculative mode beat plain decoding here"
-    if best and out["serve"] != best and out.get("tau") and out.get("break_even_tau"):
-        out["why"] += (
-            f": the draft's best mode ({best}) reaches tau {out['tau']:.2f}, and its round costs "
-            f"{out['break_even_tau']:.2f} plain steps, the tau it needs to break even"
-        )
     return out
 
 
