@@ -30,7 +30,8 @@ import torch
 from dspark.decoding.round_cost import RoundBench
 from dspark.dtype_choice import CANDIDATES, choose_dtype, nondecreasing_fit
 from dspark.errors import user_errors
-from dspark.locking import CACHE_WAIT_S, exclusive_output
+from dspark.fileio import write_text_atomic
+from dspark.locking import read_or_compute
 from dspark.machine import cpu_name
 from dspark.paths import cache_root
 from dspark.target import load_target
@@ -237,30 +238,26 @@ def load_or_probe(
     )
     path = cache_path(key)
     want = [str(_dtype_name(c)) for c in candidates]
-    with exclusive_output(path, "the dtype probe cache entry", wait=CACHE_WAIT_S):
-        if path.exists() and not refresh:
-            try:
-                saved = json.loads(path.read_text())
-            except (OSError, ValueError):
-                saved = {}
-            if saved.get("key") == key and all(d in saved.get("profile", {}) for d in want):
-                prof = {d: _int_keys(saved["profile"][d]) for d in want}
-                return {"key": key, "profile": prof, "cache_path": str(path), "cached": True}
-        prof = probe(
-            target,
-            draft,
-            candidates=want,
-            batch=batch,
-            tokens=tokens,
-            taps=taps,
-            exact_rows=exact_rows,
-            **kwargs,
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{id(prof)}")
-        tmp.write_text(json.dumps({"key": key, "profile": prof}, indent=2) + "\n")
-        tmp.replace(path)
+
+    def read() -> dict | None:
+        if refresh or not path.exists():
+            return None
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if saved.get("key") != key or not all(d in saved.get("profile", {}) for d in want):
+            return None
+        prof = {d: _int_keys(saved["profile"][d]) for d in want}
+        return {"key": key, "profile": prof, "cache_path": str(path), "cached": True}
+
+    def compute() -> dict:
+        prof = probe(target, draft, candidates=want, batch=batch, tokens=tokens, taps=taps,
+                     exact_rows=exact_rows, **kwargs)  # fmt: skip
+        write_text_atomic(path, json.dumps({"key": key, "profile": prof}, indent=2) + "\n")
         return {"key": key, "profile": prof, "cache_path": str(path), "cached": False}
+
+    return read_or_compute(path, "the dtype probe cache entry", read, compute)
 
 
 def _int_keys(p: dict) -> dict:

@@ -46,6 +46,7 @@ from dspark.errors import BadInputError
 from dspark.fileio import current_umask
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # How long a refused writer waits for the holder's record to appear: a holder writes it right
 # after taking the lock, so a writer that lost the race by microseconds may find it empty.
@@ -193,6 +194,19 @@ def exclusive_output(
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+
+def read_or_compute(path: str | os.PathLike, what: str, read: Callable[[], T | None],
+                    compute: Callable[[], T]) -> T:  # fmt: skip
+    """A cache entry: `read()` when it finds it, with no lock taken; else, under the entry's
+    lock (waiting up to `CACHE_WAIT_S` for a job computing it now), `read()` once more and
+    only then `compute()` (which writes the entry)."""
+    found = read()
+    if found is not None:
+        return found
+    with exclusive_output(path, what, wait=CACHE_WAIT_S):
+        found = read()
+        return found if found is not None else compute()
 
 
 def writes_output(param: str, what: str) -> Callable[[F], F]:

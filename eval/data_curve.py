@@ -43,7 +43,7 @@ def data_cpu_hours(build: Path | None, n: int) -> float | None:
         return None
     steps = [json.loads(x) for x in (build / "runs.jsonl").read_text().splitlines() if x.strip()]
     rows = sum(s.get("rows_done", 0) for s in steps)
-    cpu_s = sum(s.get("elapsed_s", 0.0) * s.get("threads", 1) for s in steps)
+    cpu_s = sum(s.get("elapsed_s", 0.0) * (s.get("threads") or 1) for s in steps)
     return None if rows == 0 else cpu_s * min(n, rows) / rows / 3600
 
 

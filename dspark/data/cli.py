@@ -16,7 +16,7 @@ from dspark.data.prompts.prompt_set import RowSelection, require_rows
 from dspark.data.prompts.sources import load_prompts
 from dspark.data.regeneration.openai_backend import OpenAIBackend
 from dspark.data.regeneration.regenerate import regenerate
-from dspark.data.regeneration.run_files import check_output, run_settings
+from dspark.data.regeneration.run_files import SUMMARY, check_output, run_settings
 from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.data.tokenize import check_tokenized_output, tokenize_file
 from dspark.locking import exclusive_output
@@ -302,7 +302,7 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
 def rows_of_last_run(out: Path) -> int:
     """The selected rows (`rows_total`) the last regeneration into `out` took; 0 for none."""
     try:
-        return int(json.loads((out / "summary.json").read_text())["rows_total"])
+        return int(json.loads((out / SUMMARY).read_text())["rows_total"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 

@@ -31,7 +31,7 @@ import torch
 
 from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.round_cost import RoundBench
-from dspark.locking import CACHE_WAIT_S, exclusive_output
+from dspark.locking import read_or_compute
 from dspark.paths import cache_root
 
 PROFILE_VERSION = 1
@@ -293,16 +293,20 @@ def load_or_measure(
     name = getattr(target.config, "_name_or_path", "") or target.config.model_type
     vocab = DraftVocab.of(draft) if draft is not None else None
     path = cache_path(name, param.device, param.dtype, gamma, vocab.size if vocab else None)
-    with exclusive_output(path, "the SPS profile cache entry", wait=CACHE_WAIT_S):
-        if path.exists() and not refresh:
-            cached: SPSProfile | None
-            try:
-                cached = SPSProfile.load(path)
-            except StaleProfileError:  # a cache, not a user's file: measured again below
-                cached = None
-            if cached is not None and (draft is None or cached.draft_times):
-                return cached
+
+    def read() -> SPSProfile | None:
+        if refresh or not path.exists():
+            return None
+        try:
+            cached = SPSProfile.load(path)
+        except StaleProfileError:  # a cache, not a user's file: measured again
+            return None
+        return cached if draft is None or cached.draft_times else None
+
+    def compute() -> SPSProfile:
         prof = measure(target, draft, gamma=gamma, **kwargs)
         prof.meta["cache_path"] = str(path)
         prof.save(path)
         return prof
+
+    return read_or_compute(path, "the SPS profile cache entry", read, compute)

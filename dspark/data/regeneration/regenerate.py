@@ -29,8 +29,6 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 from dspark.data.regeneration.run_files import (
     FAILURES,
     OUTPUT,
@@ -45,6 +43,13 @@ from dspark.data.regeneration.run_files import (
 from dspark.data.regeneration.sampling import SamplingConfig, row_seed
 from dspark.fileio import write_text_atomic
 from dspark.locking import writes_output
+
+
+def _torch_threads() -> int | None:
+    """The CPU threads a local backend decodes with (torch, which it has loaded); None for a
+    server backend. Read from the loaded module so the command line's --help stays light."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
 
 
 def _split_turns(messages):
@@ -151,7 +156,7 @@ def regenerate(
     )
     write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")
     with open(out / RUNS, "a", encoding="utf-8") as f:  # every run's cost: a build's CPU-hours
-        f.write(json.dumps({**stats, "threads": torch.get_num_threads()}) + "\n")
+        f.write(json.dumps({**stats, "threads": _torch_threads()}) + "\n")
     if log:
         log(
             f"regenerate: {stats['rows_done']} rows done, {stats['rows_failed']} failed, "
