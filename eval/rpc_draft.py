@@ -119,9 +119,9 @@ def main(argv=None) -> None:
         local = EngineSettings(target_gguf, draft_gguf, threads=a.threads, server_bin=a.server_bin)
         print("draft local", flush=True)
         here = decode(local, mode, prompts, a.max_new_tokens)
-        from dspark.bench.llama_cpp import _free_port
+        from dspark.engines.llama_server import free_port
 
-        port = _free_port()
+        port = free_port()
         node_b = subprocess.Popen([str(rpc_bin), "-H", "127.0.0.1", "-p", str(port), "-t",
                                    str(a.threads)], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)  # fmt: skip

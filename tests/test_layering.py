@@ -2,7 +2,7 @@
 
 Every import counts, the ones inside functions too (a lazy import is still a dependency). From
 the bottom: the leaf modules (`paths`, `errors`, `fileio`, `machine`, `timing`), then the
-target, the draft model, the decoder, export, calibration, training, the benchmark (`eval`),
+target, the engines users serve with (llama.cpp's server), the draft model, the decoder, export, calibration, training, the benchmark (`eval`),
 and on top of them all the measurement harness (`bench`), which no other part imports.
 
 Also the package's file names: a name used by two modules is the same idea in parallel
@@ -32,7 +32,8 @@ FORBIDDEN: dict[str, set[str]] = {
         for leaf in ("paths", "fileio", "locking", "timing", "from_target")
     },
     "machine": HIGHER | {"target", "modeling", "decoding"},
-    "target": HIGHER | {"modeling", "decoding"},
+    "target": HIGHER | {"modeling", "decoding", "engines"},
+    "engines": HIGHER | {"modeling", "decoding"},
     "modeling": HIGHER | {"decoding"},
     "decoding": HIGHER | {"target"},
     "export": HIGHER - {"export"},

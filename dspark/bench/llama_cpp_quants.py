@@ -14,23 +14,17 @@ from __future__ import annotations
 import os
 
 from dspark.bench.llama_cpp import target_gguf_of
+from dspark.data.regeneration.llama_cpp_backend import agreement as sequence_agreement
 
 
 def agreement(texts: list[str], reference: list[str]) -> dict:
     """`{"equal": share of equal texts, "prefix": mean share of the reference's characters
     before the first difference}` over the pairs."""
-    pairs = list(zip(texts, reference))
-    if not pairs:
+    if not texts or not reference:
         return {"equal": None, "prefix": None}
-
-    def common(a: str, b: str) -> float:
-        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        return n / max(len(b), 1) if a != b else 1.0
-
-    return {
-        "equal": sum(a == b for a, b in pairs) / len(pairs),
-        "prefix": sum(common(a, b) for a, b in pairs) / len(pairs),
-    }
+    n = min(len(texts), len(reference))
+    same = sequence_agreement(texts[:n], reference[:n])
+    return {"equal": same["rows_equal_share"], "prefix": same["common_prefix_share"]}
 
 
 def _best(rows: list[dict], spec: str) -> dict | None:

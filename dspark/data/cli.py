@@ -7,6 +7,7 @@ entry points that call both.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -19,7 +20,10 @@ from dspark.data.regeneration.regenerate import regenerate
 from dspark.data.regeneration.run_files import SUMMARY, check_output, run_settings
 from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.data.tokenize import check_tokenized_output, tokenize_file
+from dspark.fileio import write_text_atomic
 from dspark.locking import exclusive_output
+
+AGREEMENT = "agreement.json"  # llama-cpp: how far its greedy answers follow the bundled target's
 
 
 def _json_arg(text):
@@ -119,16 +123,43 @@ def regenerate_main(argv=None) -> int:
     p.add_argument(
         "--backend",
         default="decoder",
-        choices=("decoder", "hf"),
+        choices=("decoder", "hf", "llama-cpp"),
         help="decoder: dspark's static-cache decoder, batched continuously in prompt-length "
-        "order (fast); hf: batched HF generate (the fallback). --server overrides both",
+        "order (fast); hf: batched HF generate (the fallback); llama-cpp: llama.cpp's server "
+        "on the target's GGUF, --batch-size slots (docs/usage.md). --server overrides them",
+    )
+    p.add_argument(
+        "--target-gguf",
+        default=None,
+        help="llama-cpp: the GGUF llama.cpp serves (default: the embedded target's own file); "
+        "--target names its HF tokenizer and the bundled reference",
+    )
+    p.add_argument(
+        "--server-bin",
+        default="auto",
+        help="llama-cpp: auto (the llama-server `make llama-server` built for this CPU, else "
+        "xllamacpp in process) | xllamacpp | a llama-server binary",
+    )
+    p.add_argument(
+        "--slot-ctx",
+        type=int,
+        default=2048,
+        help="llama-cpp: context tokens per slot (prompt + answer; -c is slots x this)",
+    )
+    p.add_argument(
+        "--agreement-rows",
+        type=int,
+        default=8,
+        help="llama-cpp: on a new output, answer this many first rows greedily with both "
+        "llama.cpp and the bundled target and record how far they agree (agreement.json); 0: "
+        "skip",
     )
     p.add_argument(
         "--batch-size",
         type=int,
         default=None,
         help="rows decoded together (default: 32 for the decoder backend, whose finished rows "
-        "take the next waiting ones; 8 for hf) or "
+        "take the next waiting ones; 8 for hf), llama.cpp slots (default 8) or "
         "concurrent requests to --server (default 8)",
     )
     p.add_argument(
@@ -199,6 +230,10 @@ def regenerate_main(argv=None) -> int:
         p.error("--grow N takes N >= 1 and replaces --limit; pass one of them")
     if a.stop_after is not None and a.stop_after <= 0:
         p.error(f"--stop-after {a.stop_after}: must be > 0 minutes")
+    if a.slot_ctx < 16 or a.agreement_rows < 0:
+        p.error("--slot-ctx must be >= 16 and --agreement-rows >= 0")
+    if a.target_gguf and not Path(a.target_gguf).is_file():
+        p.error(f"--target-gguf {a.target_gguf}: no such file")
     # Held before the prompts and the target load (minutes): a second job on the same
     # output is refused at once.
     with exclusive_output(a.output, "the regeneration output"):
@@ -238,7 +273,9 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     tokenizer = None
     backend_name = "server" if a.server else a.backend
     batch = a.batch_size or (32 if backend_name == "decoder" else 8)
-    chunk = a.chunk_rows or (4 * batch if backend_name == "decoder" else batch)
+    # a chunk is written when its last row ends: backends that keep their batch full (a
+    # finished row's slot taking the next) get several batches' worth per chunk
+    chunk = a.chunk_rows or (4 * batch if backend_name in ("decoder", "llama-cpp") else batch)
     if batch < 1 or chunk < 1:
         p.error("--batch-size and --chunk-rows must be >= 1")
     if a.server:
@@ -252,6 +289,13 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
             keep_reasoning=a.keep_reasoning,
         )
         generator = f"server:{a.server}#{backend.model}"
+    elif a.backend == "llama-cpp":
+        backend = open_llama_cpp_backend(a, batch)
+        generator = f"llama-cpp:{os.path.basename(backend.settings.target_gguf)}"
+        check_output(a.output, run_settings(prompts, sampling, settings_of(a, generator)))
+        tokenizer = backend.tok
+        if a.agreement_rows and not (Path(a.output) / AGREEMENT).exists():
+            probe_agreement(backend, a, prompts, sampling)
     else:
         from dspark.target import load_target  # after argument parsing: --help stays instant
 
@@ -273,16 +317,20 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
             a.backend, model, tokenizer, a.chat_template_kwargs, batch_size=batch
         )
     settings = settings_of(a, generator)
-    summary = regenerate(
-        prompts,
-        backend,
-        a.output,
-        sampling=sampling,
-        batch_size=chunk,
-        settings=settings,
-        progress=not a.no_progress,
-        stop_after_s=None if a.stop_after is None else a.stop_after * 60,
-    )
+    try:
+        summary = regenerate(
+            prompts,
+            backend,
+            a.output,
+            sampling=sampling,
+            batch_size=chunk,
+            settings=settings,
+            progress=not a.no_progress,
+            stop_after_s=None if a.stop_after is None else a.stop_after * 60,
+        )
+    finally:
+        if hasattr(backend, "close"):
+            backend.close()  # a llama.cpp server stops with the job
     if not summary["complete"]:
         return EXIT_UNFINISHED  # --tokenize waits for the finished set
     if a.tokenize:
@@ -316,6 +364,73 @@ def settings_of(a: argparse.Namespace, generator: str) -> dict:
         "chat_template_kwargs": a.chat_template_kwargs or {},
         **({"keep_reasoning": True} if a.keep_reasoning else {}),  # absent = old runs resume
     }
+
+
+def open_llama_cpp_backend(a: argparse.Namespace, slots: int):
+    """llama.cpp's server on `--target-gguf` (default: the embedded target's file), `slots`
+    requests decoded together, the HF tokenizer of `--target` rendering the prompts."""
+    from dspark.data.regeneration.llama_cpp_backend import (  # after argument parsing: --help stays instant
+        LlamaCppBackend,
+        resolve_server_bin,
+    )
+    from dspark.engines.llama_server import (  # after argument parsing: --help stays instant
+        EngineSettings,
+        target_gguf_of,
+    )
+    from dspark.target import load_tokenizer  # after argument parsing: --help stays instant
+
+    settings = EngineSettings(
+        target_gguf_of(a.target, a.target_gguf),
+        threads=a.num_threads or os.cpu_count() or 1,
+        ctx=slots * a.slot_ctx,
+        server_bin=resolve_server_bin(a.server_bin),
+        parallel=slots,
+    )
+    return LlamaCppBackend(settings, load_tokenizer(a.target), a.chat_template_kwargs)
+
+
+def probe_agreement(backend, a: argparse.Namespace, prompts, sampling: SamplingConfig) -> dict:
+    """Greedy answers of the first `--agreement-rows` prompts (first turn, at most 128 tokens)
+    by llama.cpp and by the bundled target in float32, compared token for token; written to
+    OUTPUT/agreement.json with the engine's conditions (the answers' provenance)."""
+    from dspark.data.regeneration.decoder_backend import (  # after argument parsing: --help stays instant
+        DecoderBackend,
+    )
+    from dspark.data.regeneration.llama_cpp_backend import (  # after argument parsing: --help stays instant
+        agreement,
+    )
+    from dspark.target import load_target  # after argument parsing: --help stays instant
+
+    rows = prompts.rows[: a.agreement_rows]
+    convs = [
+        [m for m in r["messages"][:1] if m["role"] == "system"]
+        + [next(m for m in r["messages"] if m["role"] == "user")]
+        for r in rows
+    ]
+    greedy = dataclasses.replace(
+        sampling, temperature=0.0, max_new_tokens=min(128, sampling.max_new_tokens)
+    )
+    ids = backend.encode(convs)
+    ours = backend.generate_ids(ids, [0] * len(ids), greedy)
+    model, tok = load_target(a.target, dtype="float32", device="cpu")
+    ref = DecoderBackend(model, tok, a.chat_template_kwargs, batch_size=len(ids))
+    theirs = ref.generate_ids(ids, [0] * len(ids), greedy)
+    pairs = [(x, y) for x, y in zip(ours, theirs) if isinstance(x, list) and isinstance(y, list)]
+    result = {
+        **agreement([x for x, _ in pairs], [y for _, y in pairs]),
+        "max_new_tokens": greedy.max_new_tokens,
+        "reference": f"the bundled decoder, {a.target}, float32, greedy",
+        **backend.conditions(),
+    }
+    Path(a.output).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(a.output) / AGREEMENT, json.dumps(result, indent=2) + "\n")
+    print(
+        f"llama.cpp ({result['engine']}, {result['target_file_type']}) against the bundled "
+        f"target, greedy, first {len(pairs)} rows: {result['rows_equal']} equal, "
+        f"{result['common_prefix_share']:.3f} of tokens before the first difference",
+        file=sys.stderr,
+    )
+    return result
 
 
 def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, batch_size=32):

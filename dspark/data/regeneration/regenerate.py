@@ -4,8 +4,9 @@ Multi-turn prompts are answered turn by turn: the target's own earlier answers a
 as the history. Backends (`generate(convs, seeds, sampling) -> [Reply | exception]`, the
 contract in sampling.py): `DecoderBackend` (decoder_backend.py, the default: dspark's
 static-cache decoder, batched continuously in prompt-length order), `HFBackend` (hf_backend.py:
-batched HF `generate`, left padding, the fallback) and `OpenAIBackend` (openai_backend.py: any
-OpenAI-compatible server, vLLM/SGLang). All render prompts with the chat template and
+batched HF `generate`, left padding, the fallback), `LlamaCppBackend` (llama_cpp_backend.py:
+llama.cpp's server on the target's GGUF, its slots batching concurrent requests) and
+`OpenAIBackend` (openai_backend.py: any OpenAI-compatible server, vLLM/SGLang). All render prompts with the chat template and
 `add_generation_prompt`.
 
 Resumable: `regenerated.jsonl` is appended row by row with the source row `index`; a rerun
@@ -156,7 +157,9 @@ def regenerate(
     )
     write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")
     with open(out / RUNS, "a", encoding="utf-8") as f:  # every run's cost: a build's CPU-hours
-        f.write(json.dumps({**stats, "threads": _torch_threads()}) + "\n")
+        # a server backend names its engine, quant, threads and slots (LlamaCppBackend)
+        engine = backend.conditions() if hasattr(backend, "conditions") else {}
+        f.write(json.dumps({**stats, "threads": _torch_threads(), **engine}) + "\n")
     if log:
         log(
             f"regenerate: {stats['rows_done']} rows done, {stats['rows_failed']} failed, "

