@@ -159,31 +159,41 @@ smollm2: smollm2-draft
 
 # More data for the SmolLM2 draft, and the tau-versus-data curve (docs/results.md, "Data
 # scale"). One mix of prompts, proportional at every prefix (target-written chat and code,
-# GSM8K-train, self-instruct, the embedded set), answered in order under $DSPARK_CACHE in steps
-# of at most LARGE_STEP_MIN minutes: rerun `make smollm2-large-data` until it exits 0 (each
-# step that stops with work left exits 75). Any first N answered rows are the same mix, so each
-# curve point is cut from this one build: `make smollm2-point N=1500`, then eval/data_curve.py.
+# GSM8K-train, self-instruct, the embedded set), answered in order under $DSPARK_CACHE. A step
+# samples more chat and code prompts (LARGE_CHAT_MIN, LARGE_CODE_MIN minutes), extends the mix
+# as far as the prompts so far fix it, and answers it (LARGE_ANSWER_MIN minutes): rerun `make
+# smollm2-large-data` until it exits 0 (a step that stops with work left exits 75). Answered
+# rows grow from the first step on, and any first N of them are the same mix, so each curve
+# point is cut from this one build as soon as it is answered: `make smollm2-point N=1500`.
 DATA_CACHE := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/data
 LARGE := $(DATA_CACHE)/smollm2-large
 LARGE_CHAT_SAMPLES ?= 24000
 LARGE_CODE_SAMPLES ?= 8000
-LARGE_STEP_MIN ?= 30
+LARGE_CHAT_MIN ?= 8
+LARGE_CODE_MIN ?= 4
+LARGE_ANSWER_MIN ?= 15
 LARGE_CODE_SYSTEM ?= You are an expert programmer. Users ask you to write, explain, test or fix code.
-LARGE_MAGPIE := $(PY) data_scripts/magpie_prompts.py --target embedded --dtype $(QS_DTYPE) \
-	--stop-after $(LARGE_STEP_MIN) --quiet
+LARGE_MAGPIE := $(PY) data_scripts/magpie_prompts.py --target embedded --dtype $(QS_DTYPE) --quiet
+LARGE_UNFINISHED := $(LARGE)/.step-left-work
+# a part that stops with work left (exit 75) marks the step unfinished; any other failure stops
+OR_LEFT_WORK = || { test $$? -eq 75 && touch $(LARGE_UNFINISHED); }
 smollm2-large-data: setup
 	$(PY) data_scripts/prepare_target.py
-	$(LARGE_MAGPIE) --num $(LARGE_CHAT_SAMPLES) --output $(LARGE)/magpie_chat
-	$(LARGE_MAGPIE) --num $(LARGE_CODE_SAMPLES) --system-prompt "$(LARGE_CODE_SYSTEM)" \
-		--output $(LARGE)/magpie_code
+	@mkdir -p $(LARGE) && rm -f $(LARGE_UNFINISHED)
+	$(LARGE_MAGPIE) --stop-after $(LARGE_CHAT_MIN) --num $(LARGE_CHAT_SAMPLES) \
+		--output $(LARGE)/magpie_chat $(OR_LEFT_WORK)
+	$(LARGE_MAGPIE) --stop-after $(LARGE_CODE_MIN) --num $(LARGE_CODE_SAMPLES) \
+		--system-prompt "$(LARGE_CODE_SYSTEM)" --output $(LARGE)/magpie_code $(OR_LEFT_WORK)
 	$(PY) data_scripts/mix_prompts.py --output $(LARGE)/mix.jsonl \
 		--source chat=$(LARGE)/magpie_chat/prompts.jsonl:5 \
 		--source code=$(LARGE)/magpie_code/prompts.jsonl:2 \
 		--source math=gsm8k-train:2 --source instructions=self-instruct-seed:1 \
 		--source embedded=embedded:1
-	$(SM_REGEN) --input $(LARGE)/mix.jsonl --output $(LARGE)/answers --stop-after $(LARGE_STEP_MIN)
+	$(SM_REGEN) --input $(LARGE)/mix.jsonl --output $(LARGE)/answers \
+		--stop-after $(LARGE_ANSWER_MIN) $(OR_LEFT_WORK)
 	$(SM_REGEN) --input embedded --split test --limit 48 --output $(LARGE)/embedded_test
 	$(CACHE) --data $(LARGE)/embedded_test/tokenized --output $(LARGE)/embedded_test/features
+	@test ! -e $(LARGE_UNFINISHED) || { echo "smollm2-large-data: work left; rerun to go on"; exit 75; }
 
 # One point of the curve: the first N answered conversations, the SmolLM2 recipe's shape and
 # epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS).

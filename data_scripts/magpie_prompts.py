@@ -7,7 +7,8 @@
 
 The chat template is rendered up to the start of a user turn and the target samples the
 message (T 1, top-p 0.95 by default) until its end-of-turn token, on dspark's batched decoder
-(`--batch-size` rows at a time). Each row's text depends only on its seed; rerun the same
+(`--batch-size` rows at a time) or, with `--backend llama-cpp`, on llama.cpp's server and the
+target's GGUF (`--batch-size` slots; each sample names its generator). Each row's text depends only on its seed; rerun the same
 command (or a larger --num) to continue after a kill. Junk, duplicates (exact and word
 5-gram Jaccard >= --near-threshold) and any prompt that copies a bench prompt (--bench-dir,
 $DSPARK_BENCH_DIR, else the public bench sets by name from the hub) are rejected and counted in
@@ -17,6 +18,7 @@ summary.json. See dspark/data/regeneration/magpie.py for the files written.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -63,6 +65,16 @@ def parse(argv=None) -> argparse.Namespace:
         help="float32 | bfloat16 | auto (the faster batched AR step, measured and cached per "
         "device as regenerate.py does; default: bf16 on GPU, fp32 on CPU)",
     )
+    p.add_argument(
+        "--backend",
+        default="decoder",
+        choices=("decoder", "llama-cpp"),
+        help="decoder: dspark's batched decoder; llama-cpp: llama.cpp's server on the target's "
+        "GGUF (see regenerate.py --backend llama-cpp)",
+    )
+    p.add_argument("--target-gguf", default=None, help="llama-cpp: default the embedded file")
+    p.add_argument("--server-bin", default="auto", help="llama-cpp: auto | xllamacpp | a path")
+    p.add_argument("--num-threads", type=int, default=None, help="llama-cpp: threads (all)")
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
 
@@ -129,11 +141,33 @@ def main(argv=None) -> int:
         check_run(Path(a.output), magpie_settings(a.target, sampling, a.system_prompt, pre))
         device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
-        model, tok = load_target(a.target, dtype="float32" if dtype == "auto" else dtype,
-                                 device=device)  # fmt: skip
-        if dtype == "auto":
-            cast_to_fastest(model, job="plain", batch=a.batch_size, out_dir=a.output)
-        backend = DecoderBackend(model, tok, batch_size=a.batch_size)
+        if a.backend == "llama-cpp":
+            from dspark.data.regeneration.llama_cpp_backend import (
+                LlamaCppBackend,
+                resolve_server_bin,
+            )
+            from dspark.engines.llama_server import EngineSettings, target_gguf_of
+
+            tok = load_tokenizer(a.target)
+            engine = EngineSettings(
+                target_gguf_of(a.target, a.target_gguf),
+                threads=a.num_threads or os.cpu_count() or 1,
+                ctx=a.batch_size * (len(tok(pre.text)["input_ids"]) + a.max_new_tokens + 16),
+                server_bin=resolve_server_bin(a.server_bin),
+                parallel=a.batch_size,
+            )
+            backend = LlamaCppBackend(engine, tok)
+            cond = backend.conditions()
+            generator = f"llama-cpp:{cond['target_gguf']}"
+        else:
+            model, tok = load_target(a.target, dtype="float32" if dtype == "auto" else dtype,
+                                     device=device)  # fmt: skip
+            if dtype == "auto":
+                cast_to_fastest(model, job="plain", batch=a.batch_size, out_dir=a.output)
+            backend = DecoderBackend(model, tok, batch_size=a.batch_size)
+            cond = {"engine": "dspark decoder", "dtype": str(model.dtype).removeprefix("torch."),
+                    "threads": torch.get_num_threads()}  # fmt: skip
+            generator = "decoder"
         filters = Filters(
             min_chars=a.min_chars,
             max_chars=a.max_chars,
@@ -154,7 +188,11 @@ def main(argv=None) -> int:
             bench_dir=str(bench_dir) if bench_dir else None,
             log=None if a.quiet else print,
             stop_after_s=None if a.stop_after is None else 60 * a.stop_after,
+            generator=generator,
+            conditions=cond,
         )
+        if hasattr(backend, "close"):
+            backend.close()
     return 0 if summary["complete"] else EXIT_UNFINISHED
 
 

@@ -9,17 +9,30 @@ first N answered rows are the same mix at any N, the points of a data-size curve
 `--source NAME=SPEC:WEIGHT[:LIMIT]`: SPEC is anything `regenerate.py --input` reads (a named
 set, a file, a hub dataset); LIMIT its first rows. Rows keep their user turns and say where
 they came from (`source`, `source_row`).
+
+A Magpie set still being built (its summary.json beside it says `"complete": false`) is a
+growing source: the mix stops where it runs out, and a later run, once it has grown, extends the
+mix at its end. A long build samples prompts and answers the mix in alternating steps.
 """
 
 import argparse
 import json
 from pathlib import Path
 
+from dspark.data.outputs import read_json_object
 from dspark.data.prompts.mix import interleave
 from dspark.data.prompts.sources import load_prompts
 from dspark.errors import BadInputError, user_errors
 from dspark.fileio import write_text_atomic
 from dspark.locking import exclusive_output
+
+
+def still_growing(spec: str) -> bool:
+    """A prompt file beside a summary.json that says its build is unfinished (Magpie's)."""
+    summary = Path(spec).parent / "summary.json"
+    if not Path(spec).is_file() or not summary.is_file():
+        return False
+    return (read_json_object(summary) or {}).get("complete") is False
 
 
 def parse_source(text: str) -> tuple[str, str, float, int | None]:
@@ -44,15 +57,18 @@ if __name__ == "__main__":
     a = ap.parse_args()
     with user_errors("mix_prompts"):
         specs = [parse_source(s) for s in a.source]
-        sources = []
+        sources, growing = [], set()
         for name, spec, weight, limit in specs:
             rows = load_prompts(spec, limit=limit).rows
             turns = [{"turns": [m["content"] for m in r["messages"] if m["role"] == "user"],
                       "source": name, "source_row": r["index"]} for r in rows]  # fmt: skip
             sources.append((name, turns, weight))
-            print(f"{name}: {len(turns)} rows from {spec} (weight {weight:g})")
+            if still_growing(spec):
+                growing.add(name)
+            print(f"{name}: {len(turns)} rows from {spec} (weight {weight:g})"
+                  + (", still growing" if name in growing else ""))  # fmt: skip
         with exclusive_output(a.output, "the prompt mix"):
-            mix = interleave(sources)
+            mix = interleave(sources, growing)
             text = "".join(json.dumps({k: v for k, v in r.items() if not k.startswith("mix_")},
                                       ensure_ascii=False) + "\n" for r in mix)  # fmt: skip
             old = Path(a.output).read_text(encoding="utf-8") if Path(a.output).is_file() else ""
@@ -63,4 +79,5 @@ if __name__ == "__main__":
                     "same sources and weights, sources longer); write a new --output instead"
                 )
             write_text_atomic(a.output, text)
-        print(f"{len(mix)} rows -> {a.output}")
+        cut = f" (stops where {', '.join(sorted(growing))} runs out: rerun when grown)"
+        print(f"{len(mix)} rows -> {a.output}" + (cut if growing else ""))

@@ -24,7 +24,8 @@ import os
 import sys
 from pathlib import Path
 
-from dspark.data.cli import regenerate_main, tokenize_main
+from dspark.data.cli import regenerate_main
+from dspark.data.tokenize_cli import tokenize_main
 from dspark.errors import UserError, user_errors
 from dspark.locking import exclusive_output
 from dspark.overrides import check_overrides, check_sweep_outputs

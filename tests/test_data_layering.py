@@ -8,7 +8,8 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "dspark" / "data"
 # The dspark packages outside data that data may use (the shared helpers, the target it
-# runs, the decoder its fast backend drives); never eval, training, objectives, modeling...
+# runs, the decoder its fast backend drives, the engines its server backend starts); never
+# eval, training, objectives, modeling...
 ALLOWED_OUTSIDE = {
     "dspark.errors",
     "dspark.fileio",
@@ -18,6 +19,7 @@ ALLOWED_OUTSIDE = {
     "dspark.target",
     "dspark.decoding",
     "dspark.dtype_probe",
+    "dspark.engines",
 }
 # Stage of each part of dspark/data: a module imports only parts of a stage <= its own.
 STAGES = {
@@ -31,6 +33,7 @@ STAGES = {
     "features": 3,
     "draft_vocab": 4,
     "cli": 5,
+    "tokenize_cli": 5,
 }
 
 

@@ -37,7 +37,7 @@ def test_request_asks_for_tokens_and_only_the_samplers_wanted():
     assert greedy["temperature"] == 0 and greedy["top_k"] == 1 and greedy["seed"] == 7
     s = completion_body([1], 2**62 + 5, SamplingConfig(temperature=0.8, top_p=0.9, top_k=0))
     # llama.cpp's defaults (top-k 40, min-p 0.05) would warp the distribution: switched off
-    assert s["samplers"] == ["top_k", "top_p", "temperature"] and s["min_p"] == 0.0
+    assert s["samplers"] == ["temperature", "top_k", "top_p"] and s["min_p"] == 0.0
     assert s["top_k"] == 0 and s["top_p"] == 0.9 and s["temperature"] == 0.8
     assert 0 <= s["seed"] < 0xFFFFFFFF and s["seed"] == (2**62 + 5) % 0xFFFFFFFF
 

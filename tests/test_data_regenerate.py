@@ -315,7 +315,7 @@ def test_cli_end_to_end_with_tokenize(tmp_path, tiny_target_dir):
     assert man["target"] == "tiny-llama" and man["mask_method"] == "offsets"
     assert 0 < man["assistant_share"] < 1
     # the separate tokenize script gives the same set
-    from dspark.data.cli import tokenize_main
+    from dspark.data.tokenize_cli import tokenize_main
 
     again = tmp_path / "tok2"
     tok_args = ["--target", "tiny-llama", "--input", str(out / OUTPUT), "--output", str(again)]

@@ -429,3 +429,18 @@ def test_stop_after_is_a_bounded_step_and_a_rerun_continues(tiny_target, tmp_pat
         pass
     assert s["generated"] == 10
     assert (step / SAMPLES).read_text() == (whole / SAMPLES).read_text()
+
+
+def test_each_run_is_a_line_and_each_new_sample_names_its_generator(tiny_target, tmp_path):
+    model, tok = tiny_target("qwen3")
+    kw = dict(target="tiny-qwen3", sampling=SAMPLE, chunk_rows=4, log=None)
+    out = tmp_path / "m"
+    generate_prompts(backend_of(model, tok), tok, out, num=4, **kw)  # an older run: no name
+    generate_prompts(backend_of(model, tok), tok, out, num=8, generator="llama-cpp:t.gguf",
+                     conditions={"engine": "fake", "threads": 3}, **kw)  # fmt: skip
+    samples = [json.loads(x) for x in (out / SAMPLES).read_text().splitlines()]
+    assert [s.get("generator") for s in samples] == [None] * 4 + ["llama-cpp:t.gguf"] * 4
+    runs = [json.loads(x) for x in (out / "runs.jsonl").read_text().splitlines()]
+    assert [r["generated_this_run"] for r in runs] == [4, 4]
+    assert runs[1]["generator"] == "llama-cpp:t.gguf" and runs[1]["engine"] == "fake"
+    assert runs[1]["generated"] == 8 and runs[1]["complete"] is True

@@ -63,3 +63,51 @@ def test_the_script_grows_a_mix_at_its_end_and_refuses_to_change_it(tmp_path):
     res = mix(f"{a}:2:20", f"{b}:1:20")  # other weights: rows would move
     assert res.returncode == 2 and "holds another mix" in res.stderr
     assert len(out.read_text().splitlines()) == 40  # untouched
+
+
+def test_a_growing_source_stops_the_mix_where_it_runs_out_and_the_grown_mix_extends_it():
+    def mix(chat_rows, growing=("chat",)):
+        return interleave([("chat", _rows("c", chat_rows), 3.0), ("math", _rows("m", 50), 1.0)],
+                          growing)  # fmt: skip
+
+    short = mix(12)
+    assert sum(r["mix_source"] == "chat" for r in short) == 12  # every chat row it had
+    assert len(short) == 12 + 4  # and stopped before the rows that need more chat
+    for n in (20, 40, 75):
+        assert mix(n)[: len(short)] == short  # grown: the earlier mix is a prefix
+    assert mix(40, growing=())[: len(mix(40))] == mix(40)
+    # a finished source runs out and the rest take its place (the mix is final)
+    assert len(mix(12, growing=())) == 62
+
+
+def test_the_script_treats_an_unfinished_magpie_set_as_growing(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    chat = tmp_path / "magpie" / "prompts.jsonl"
+    chat.parent.mkdir()
+    math = tmp_path / "math.jsonl"
+    math.write_text("".join(json.dumps({"turns": [f"m{i}"]}) + "\n" for i in range(50)))
+    out = tmp_path / "mix.jsonl"
+
+    def build(n: int, complete: bool) -> list[str]:
+        chat.write_text("".join(json.dumps({"turns": [f"c{i}"]}) + "\n" for i in range(n)))
+        (chat.parent / "summary.json").write_text(json.dumps({"complete": complete}))
+        res = subprocess.run(
+            [sys.executable, str(repo / "data_scripts" / "mix_prompts.py"), "--source",
+             f"chat={chat}:1", "--source", f"math={math}:1", "--output", str(out)],
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(repo)},
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        return out.read_text().splitlines()
+
+    first = build(5, complete=False)
+    assert len(first) == 9  # c0 m0 ... m3 c4: the next row would need to know chat's length
+    grown = build(20, complete=False)
+    assert grown[:9] == first and len(grown) == 39
+    final = build(20, complete=True)
+    assert final[:39] == grown and len(final) == 70  # finished: math fills the rest

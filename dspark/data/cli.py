@@ -1,4 +1,4 @@
-"""Command lines behind data_scripts/regenerate.py and data_scripts/tokenize_data.py.
+"""The command line behind data_scripts/regenerate.py (the tokenize one: tokenize_cli.py).
 
 Parallels `dspark/export/cli.py` (export's command line); `dspark/cli.py` holds the console
 entry points that call both.
@@ -7,36 +7,21 @@ entry points that call both.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from dspark.data.prompts.prompt_set import RowSelection, require_rows
 from dspark.data.prompts.sources import load_prompts
 from dspark.data.regeneration.openai_backend import OpenAIBackend
 from dspark.data.regeneration.regenerate import regenerate
-from dspark.data.regeneration.run_files import SUMMARY, check_output, run_settings
+from dspark.data.regeneration.run_files import AGREEMENT, SUMMARY, check_output, run_settings
 from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.data.tokenize import check_tokenized_output, tokenize_file
-from dspark.fileio import write_text_atomic
+from dspark.data.tokenize_cli import json_arg, print_tokenized, tokenize_args
 from dspark.locking import exclusive_output
-
-AGREEMENT = "agreement.json"  # llama-cpp: how far its greedy answers follow the bundled target's
-
-
-def _json_arg(text):
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(
-            "expected a JSON object, e.g. '{\"enable_thinking\": false}'"
-        )
-    return value
-
 
 # The exit status of a job that stopped unfinished on purpose (`--stop-after`): rerun it to
 # continue. EX_TEMPFAIL (sysexits.h), so a script or make step tells it from success and errors.
@@ -60,16 +45,6 @@ def check_device(p: argparse.ArgumentParser, device: str | None, key: str = "--d
             p.error(f"{key} {device}: this machine has no CUDA device; use --device cpu")
         if dev.index is not None and dev.index >= n:
             p.error(f"{key} {device}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
-
-
-def _tokenize_args(p):
-    p.add_argument("--max-length", type=int, default=2048, help="truncate sequences (tokens)")
-    p.add_argument(
-        "--mask-method",
-        default="auto",
-        choices=("auto", "markers", "offsets"),
-        help="loss-mask method: template {%% generation %%} markers or offsets",
-    )
 
 
 def regenerate_main(argv=None) -> int:
@@ -208,7 +183,7 @@ def regenerate_main(argv=None) -> int:
     )
     p.add_argument(
         "--chat-template-kwargs",
-        type=_json_arg,
+        type=json_arg,
         default=None,
         help="JSON passed to the chat template, e.g. '{\"enable_thinking\": false}'",
     )
@@ -216,7 +191,7 @@ def regenerate_main(argv=None) -> int:
         "--tokenize", action="store_true", help="also write the tokenized set to OUTPUT/tokenized"
     )
     p.add_argument("--no-progress", action="store_true")
-    _tokenize_args(p)
+    tokenize_args(p)
     a = p.parse_args(argv)
     if a.max_new_tokens < 1:
         p.error(f"--max-new-tokens {a.max_new_tokens}: must be >= 1")
@@ -278,6 +253,7 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     chunk = a.chunk_rows or (4 * batch if backend_name in ("decoder", "llama-cpp") else batch)
     if batch < 1 or chunk < 1:
         p.error("--batch-size and --chunk-rows must be >= 1")
+    backend: Any  # one of the backends, by the flags
     if a.server:
         backend = OpenAIBackend(
             a.server,
@@ -290,12 +266,27 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
         )
         generator = f"server:{a.server}#{backend.model}"
     elif a.backend == "llama-cpp":
-        backend = open_llama_cpp_backend(a, batch)
-        generator = f"llama-cpp:{os.path.basename(backend.settings.target_gguf)}"
+        from dspark.data.regeneration.llama_cpp_backend import (  # after argument parsing: --help stays instant
+            open_backend,
+            probe_agreement,
+        )
+
+        llama = open_backend(
+            a.target,
+            a.target_gguf,
+            a.server_bin,
+            a.num_threads or os.cpu_count() or 1,
+            slots=batch,
+            slot_ctx=a.slot_ctx,
+            chat_template_kwargs=a.chat_template_kwargs,
+        )
+        backend = llama
+        generator = f"llama-cpp:{os.path.basename(llama.settings.target_gguf)}"
         check_output(a.output, run_settings(prompts, sampling, settings_of(a, generator)))
-        tokenizer = backend.tok
+        tokenizer = llama.tok
         if a.agreement_rows and not (Path(a.output) / AGREEMENT).exists():
-            probe_agreement(backend, a, prompts, sampling)
+            probe_agreement(llama, a.target, prompts.rows[: a.agreement_rows], sampling,
+                            Path(a.output) / AGREEMENT)  # fmt: skip
     else:
         from dspark.target import load_target  # after argument parsing: --help stays instant
 
@@ -343,7 +334,7 @@ def _regenerate(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
             chat_template_kwargs=a.chat_template_kwargs,
             tokenizer=tokenizer,
         )
-        _print_tokenized(stats, Path(a.output) / "tokenized")
+        print_tokenized(stats, Path(a.output) / "tokenized")
     return 0
 
 
@@ -366,73 +357,6 @@ def settings_of(a: argparse.Namespace, generator: str) -> dict:
     }
 
 
-def open_llama_cpp_backend(a: argparse.Namespace, slots: int):
-    """llama.cpp's server on `--target-gguf` (default: the embedded target's file), `slots`
-    requests decoded together, the HF tokenizer of `--target` rendering the prompts."""
-    from dspark.data.regeneration.llama_cpp_backend import (  # after argument parsing: --help stays instant
-        LlamaCppBackend,
-        resolve_server_bin,
-    )
-    from dspark.engines.llama_server import (  # after argument parsing: --help stays instant
-        EngineSettings,
-        target_gguf_of,
-    )
-    from dspark.target import load_tokenizer  # after argument parsing: --help stays instant
-
-    settings = EngineSettings(
-        target_gguf_of(a.target, a.target_gguf),
-        threads=a.num_threads or os.cpu_count() or 1,
-        ctx=slots * a.slot_ctx,
-        server_bin=resolve_server_bin(a.server_bin),
-        parallel=slots,
-    )
-    return LlamaCppBackend(settings, load_tokenizer(a.target), a.chat_template_kwargs)
-
-
-def probe_agreement(backend, a: argparse.Namespace, prompts, sampling: SamplingConfig) -> dict:
-    """Greedy answers of the first `--agreement-rows` prompts (first turn, at most 128 tokens)
-    by llama.cpp and by the bundled target in float32, compared token for token; written to
-    OUTPUT/agreement.json with the engine's conditions (the answers' provenance)."""
-    from dspark.data.regeneration.decoder_backend import (  # after argument parsing: --help stays instant
-        DecoderBackend,
-    )
-    from dspark.data.regeneration.llama_cpp_backend import (  # after argument parsing: --help stays instant
-        agreement,
-    )
-    from dspark.target import load_target  # after argument parsing: --help stays instant
-
-    rows = prompts.rows[: a.agreement_rows]
-    convs = [
-        [m for m in r["messages"][:1] if m["role"] == "system"]
-        + [next(m for m in r["messages"] if m["role"] == "user")]
-        for r in rows
-    ]
-    greedy = dataclasses.replace(
-        sampling, temperature=0.0, max_new_tokens=min(128, sampling.max_new_tokens)
-    )
-    ids = backend.encode(convs)
-    ours = backend.generate_ids(ids, [0] * len(ids), greedy)
-    model, tok = load_target(a.target, dtype="float32", device="cpu")
-    ref = DecoderBackend(model, tok, a.chat_template_kwargs, batch_size=len(ids))
-    theirs = ref.generate_ids(ids, [0] * len(ids), greedy)
-    pairs = [(x, y) for x, y in zip(ours, theirs) if isinstance(x, list) and isinstance(y, list)]
-    result = {
-        **agreement([x for x, _ in pairs], [y for _, y in pairs]),
-        "max_new_tokens": greedy.max_new_tokens,
-        "reference": f"the bundled decoder, {a.target}, float32, greedy",
-        **backend.conditions(),
-    }
-    Path(a.output).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(a.output) / AGREEMENT, json.dumps(result, indent=2) + "\n")
-    print(
-        f"llama.cpp ({result['engine']}, {result['target_file_type']}) against the bundled "
-        f"target, greedy, first {len(pairs)} rows: {result['rows_equal']} equal, "
-        f"{result['common_prefix_share']:.3f} of tokens before the first difference",
-        file=sys.stderr,
-    )
-    return result
-
-
 def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, batch_size=32):
     """`decoder` (dspark's static-cache batched decoder) or `hf` (batched HF generate)."""
     if name == "decoder":
@@ -448,53 +372,6 @@ def make_local_backend(name: str, model, tokenizer, chat_template_kwargs=None, b
 
         return HFBackend(model, tokenizer, chat_template_kwargs=chat_template_kwargs)
     raise ValueError(f"unknown regeneration backend {name!r}; use decoder or hf")
-
-
-def _print_tokenized(stats, where):
-    print(
-        f"tokenized: {stats['rows']} rows, {stats['tokens']} tokens, assistant share "
-        f"{stats['assistant_share']:.3f} (mask method {stats['mask_method']}; "
-        f"{stats['truncated']} truncated, {stats['truncated_away']} dropped by max_length, "
-        f"{stats['no_assistant']} without assistant turns) -> {where}"
-    )
-
-
-def tokenize_main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description="Tokenize conversations with the target's chat template and loss masks."
-    )
-    p.add_argument("--target", default="embedded", help="whose tokenizer / chat template")
-    p.add_argument(
-        "--input",
-        required=True,
-        help="regenerated.jsonl (or any prompt source whose rows have assistant turns); "
-        "several joined by commas become one set, in that order",
-    )
-    p.add_argument("--output", required=True, help="directory for save_to_disk + manifest.json")
-    p.add_argument("--chat-template-kwargs", type=_json_arg, default=None)
-    p.add_argument(
-        "--partial",
-        action="store_true",
-        help="tokenize an unfinished regeneration's rows done so far (refused otherwise)",
-    )
-    p.add_argument("--limit", type=int, default=None, help="the first N rows of the input(s)")
-    _tokenize_args(p)
-    a = p.parse_args(argv)
-    if a.max_length < 1:
-        p.error(f"--max-length {a.max_length}: must be >= 1")
-
-    stats = tokenize_file(
-        a.input,
-        a.output,
-        target=a.target,
-        max_length=a.max_length,
-        method=a.mask_method,
-        chat_template_kwargs=a.chat_template_kwargs,
-        partial=a.partial,
-        limit=a.limit,
-    )
-    _print_tokenized(stats, a.output)
-    return 0
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

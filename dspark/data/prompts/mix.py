@@ -7,15 +7,22 @@ be the same mix.
 share (`weight * k - taken`, ties to the earlier source); a source that runs out leaves, and the
 rest share its place by their weights. Deterministic: no randomness, the sources' own orders
 kept.
+
+A source still being built (`growing`: a Magpie set that only grows at its end) may not run out:
+when it does, the shares of every later row depend on how long it will grow, so the mix stops
+there. Built again once the source has grown, it extends the earlier mix at its end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 
-def interleave(sources: Sequence[tuple[str, Sequence[dict], float]]) -> list[dict]:
-    """`[(name, rows, weight)]` -> rows tagged `{"mix_source": name, "mix_row": i}`."""
+def interleave(
+    sources: Sequence[tuple[str, Sequence[dict], float]], growing: Collection[str] = ()
+) -> list[dict]:
+    """`[(name, rows, weight)]` -> rows tagged `{"mix_source": name, "mix_row": i}`; it stops
+    where a source named in `growing` runs out."""
     if not sources or any(w <= 0 for _, _, w in sources):
         raise ValueError("interleave needs sources with positive weights")
     total = {name: float(w) for name, _, w in sources}
@@ -24,7 +31,7 @@ def interleave(sources: Sequence[tuple[str, Sequence[dict], float]]) -> list[dic
     out: list[dict] = []
     while True:
         live = [n for n in rows if taken[n] < len(rows[n])]
-        if not live:
+        if not live or any(n in growing and taken[n] == len(rows[n]) for n in rows):
             return out
         norm = sum(total[n] for n in live)
         k = len(out) + 1

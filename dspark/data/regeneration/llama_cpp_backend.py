@@ -10,8 +10,8 @@ llama.cpp's native `/completion` with `return_tokens`, so both backends decode t
 and their answers can be compared token for token; the reply's ids (a final end-of-generation
 id included, as llama.cpp returns it) are cut at the stop ids like the decoder's.
 
-Sampling: greedy at T = 0; otherwise only llama.cpp's top-k, top-p and temperature samplers
-run (its defaults add min-p 0.05 and top-k 40, which the other backends do not apply), seeded
+Sampling: greedy at T = 0; otherwise only llama.cpp's temperature, top-k and top-p samplers
+run, in that order as in the bundled decoder (its defaults add min-p 0.05 and top-k 40, which the other backends do not apply), seeded
 per row with `row_seed`, so a row's answer depends on its own seed, not on its slot or
 neighbours. llama.cpp's random stream differs from torch's: sampled rows differ between
 backends, drawn from the same warped distribution.
@@ -19,9 +19,13 @@ backends, drawn from the same warped distribution.
 
 from __future__ import annotations
 
+import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
+from dspark.data.regeneration.decoder_backend import DecoderBackend
 from dspark.data.regeneration.sampling import (
     GenerationFailed,
     Reply,
@@ -36,8 +40,11 @@ from dspark.engines.llama_server import (
     engine_conditions,
     native_server_bin,
     open_server,
+    target_gguf_of,
 )
 from dspark.errors import MissingPathError
+from dspark.fileio import write_text_atomic
+from dspark.target import load_target, load_tokenizer
 
 # llama.cpp's seed field is a uint32; LLAMA_DEFAULT_SEED (0xFFFFFFFF) means "random"
 SEED_MODULUS = 0xFFFFFFFF
@@ -59,7 +66,8 @@ def completion_body(prompt: list[int], seed: int, sampling: SamplingConfig) -> d
         "top_k": sampling.top_k,  # 0: off in llama.cpp too
         "top_p": sampling.top_p,
         "min_p": 0.0,
-        "samplers": ["top_k", "top_p", "temperature"],
+        # the bundled decoder's order (dspark/decoding/sampling.py `warp`): scale, then cut
+        "samplers": ["temperature", "top_k", "top_p"],
     }
 
 
@@ -164,3 +172,59 @@ def agreement(answers: list, reference: list) -> dict:
         "rows_equal_share": equal / len(reference) if reference else None,
         "common_prefix_share": sum(shares) / len(shares) if shares else None,
     }
+
+
+def open_backend(
+    target: str,
+    target_gguf: str | None,
+    server_bin: str | None,
+    threads: int,
+    slots: int,
+    slot_ctx: int = 2048,
+    chat_template_kwargs: dict | None = None,
+) -> LlamaCppBackend:
+    """llama.cpp's server on `target_gguf` (default: the embedded target's file), `slots`
+    requests decoded together, the HF tokenizer of `target` rendering the prompts."""
+    settings = EngineSettings(
+        target_gguf_of(target, target_gguf),
+        threads=threads,
+        ctx=slots * slot_ctx,
+        server_bin=resolve_server_bin(server_bin),
+        parallel=slots,
+    )
+    return LlamaCppBackend(settings, load_tokenizer(target), chat_template_kwargs)
+
+
+def probe_agreement(
+    backend: LlamaCppBackend, target: str, rows: list[dict], sampling: SamplingConfig, path: Path
+) -> dict:
+    """Greedy answers of `rows`' first turns (at most 128 tokens) by llama.cpp and by the
+    bundled `target` in float32, compared token for token; written to `path` (JSON) with the
+    engine's conditions: the answers' provenance."""
+    convs = [
+        [m for m in r["messages"][:1] if m["role"] == "system"]
+        + [next(m for m in r["messages"] if m["role"] == "user")]
+        for r in rows
+    ]
+    greedy = replace(sampling, temperature=0.0, max_new_tokens=min(128, sampling.max_new_tokens))
+    ids = backend.encode(convs)
+    ours = backend.generate_ids(ids, [0] * len(ids), greedy)
+    model, tok = load_target(target, dtype="float32", device="cpu")
+    ref = DecoderBackend(model, tok, backend.kw, batch_size=max(1, len(ids)))
+    theirs = ref.generate_ids(ids, [0] * len(ids), greedy)
+    pairs = [(x, y) for x, y in zip(ours, theirs) if isinstance(x, list) and isinstance(y, list)]
+    result = {
+        **agreement([x for x, _ in pairs], [y for _, y in pairs]),
+        "max_new_tokens": greedy.max_new_tokens,
+        "reference": f"the bundled decoder, {target}, float32, greedy",
+        **backend.conditions(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(result, indent=2) + "\n")
+    print(
+        f"llama.cpp ({result['engine']}, {result['target_file_type']}) against the bundled "
+        f"target, greedy, first {len(pairs)} rows: {result['rows_equal']} equal, "
+        f"{result['common_prefix_share'] or 0:.3f} of tokens before the first difference",
+        file=sys.stderr,
+    )
+    return result

@@ -52,6 +52,7 @@ PROMPTS = "prompts.jsonl"
 REJECTED = "rejected.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
+RUNS = "runs.jsonl"  # a line per run: counts, seconds, generator, engine
 _SENTINELS = ("DSPARKUSERSENTINEL7q", "DSPARKUSERSENTINEL9z")
 
 
@@ -320,10 +321,12 @@ def generate_prompts(
     bench_dir: str | None = None,
     log=print,
     stop_after_s: float | None = None,
+    generator: str | None = None,
+    conditions: dict | None = None,
 ) -> dict:
-    """Sample rows 0..num-1 (those not yet in `samples.jsonl`), then rebuild the prompt set.
-    `stop_after_s`: stop at the first chunk boundary past that many seconds (the summary's
-    `complete` is then false; a rerun continues)."""
+    """Sample rows 0..num-1 not yet in `samples.jsonl`, then rebuild the prompt set. `stop_after_s`:
+    stop at the first chunk boundary past it (`complete` false; a rerun continues). `generator`
+    goes into each new sample, `conditions` (engine, threads, quant) into `runs.jsonl`."""
     if num < 1 or chunk_rows < 1:
         raise BadInputError(f"--num {num} / chunk rows {chunk_rows}: must be >= 1")
     filters = filters or Filters()
@@ -336,7 +339,7 @@ def generate_prompts(
     if not (out / RUN).exists():
         write_text_atomic(out / RUN, json.dumps(settings, indent=2) + "\n")
     done = read_samples(out / SAMPLES)
-    t0, failed, new = time.monotonic(), 0, 0
+    t0, failed, new, tokens = time.monotonic(), 0, 0, 0
     with open(out / SAMPLES, "a", encoding="utf-8") as f:
         # Fixed chunks of consecutive indices, as in regeneration: a resumed run hands the
         # backend the same groups an uninterrupted one would have.
@@ -345,7 +348,8 @@ def generate_prompts(
             if not todo:
                 continue
             rows = sample_messages(backend, tokenizer, pre, todo, sampling.seed, sampling)
-            good = [r for r in rows if r is not None]
+            good = [r if generator is None else {**r, "generator": generator}
+                    for r in rows if r is not None]  # fmt: skip
             failed += len(rows) - len(good)
             # One write per chunk, then fsync: a kill leaves whole chunks (and at most one
             # cut line, which read_samples removes).
@@ -354,8 +358,11 @@ def generate_prompts(
             os.fsync(f.fileno())
             done.update({r["index"]: r for r in good})
             new += len(good)
+            tokens += sum(r["tokens"] for r in good)
             if log:
-                log(f"magpie: {len(done)}/{num} sampled")
+                dt, left = max(time.monotonic() - t0, 1e-9), max(0, num - len(done))
+                log(f"magpie: {len(done)}/{num} sampled, {new / dt:.2f} rows/s, {tokens / dt:.1f} "
+                    f"tok/s, ~{left * dt / max(new, 1) / 3600:.1f} h left")  # fmt: skip
             if stop_after_s is not None and time.monotonic() - t0 >= stop_after_s:
                 break
     provenance = {"source": f"magpie:{target}", "run_seed": sampling.seed, "sampling": sampled}
@@ -381,6 +388,10 @@ def generate_prompts(
         "output": str(out / PROMPTS),
     }
     write_text_atomic(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    keys = ("generated", "generated_this_run", "failed_this_run", "elapsed_s", "complete")
+    run = {**{k: summary[k] for k in keys}, "generator": generator, **(conditions or {})}
+    with open(out / RUNS, "a", encoding="utf-8") as f:  # every run's cost: a build's CPU-hours
+        f.write(json.dumps(run) + "\n")
     if log:
         log(
             f"magpie: {summary['kept']} of {summary['generated']} prompts kept "

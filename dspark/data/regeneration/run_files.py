@@ -28,6 +28,7 @@ FAILURES = "failures.jsonl"
 REJECTED = "rejected.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
+AGREEMENT = "agreement.json"  # llama-cpp: how far its greedy answers follow the bundled target's
 RUNS = "runs.jsonl"  # one line per run (a build in steps): its counters, seconds and threads
 
 
