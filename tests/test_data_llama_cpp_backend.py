@@ -158,3 +158,47 @@ def test_real_engine_greedy_equals_the_bundled_decoder_and_samples_per_row(tiny_
         assert all(r.tokens > 0 and r.finish_reason in ("stop", "length") for r in replies)
     finally:
         be.close()
+
+
+def test_a_native_server_dies_with_the_job_that_started_it(f32_gguf, tmp_path):
+    """A job killed by SIGKILL runs no clean-up; its llama-server must not live on."""
+    import os
+    import signal
+
+    from helpers import REFERENCE
+
+    # beside the llama.cpp tree, as `make llama-server` builds it (the tests' cache is private)
+    server_bin = REFERENCE.parent / "build-native" / "bin" / "llama-server"
+    if not server_bin.is_file():
+        pytest.skip(f"no native llama-server at {server_bin} (make llama-server)")
+    pid_file = tmp_path / "server.pid"
+    job = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time\n"
+            "from dspark.engines.llama_server import EngineSettings, open_server\n"
+            f"s = open_server(EngineSettings({f32_gguf!r}, threads=1, ctx=256, "
+            f"server_bin={str(server_bin)!r}))\n"
+            f"open({str(pid_file)!r}, 'w').write(str(s._proc.pid))\n"
+            "time.sleep(600)\n"
+        )],
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert job.poll() is None and time.monotonic() < deadline, "the job did not start a server"
+        time.sleep(0.2)
+    server = int(pid_file.read_text())
+    os.kill(server, 0)  # the server runs
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(server, 0)
+        except ProcessLookupError:
+            return
+        # a zombie is gone for good; its parent is init, which reaps it
+        if open(f"/proc/{server}/stat").read().split()[2] == "Z":
+            return
+        time.sleep(0.2)
+    os.kill(server, signal.SIGKILL)
+    pytest.fail("llama-server outlived the job that started it")

@@ -13,10 +13,13 @@ requests sent concurrently in one batch (continuous batching).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from dspark.paths import cache_root
 
 SPEC_TYPES = ("none", "draft-dspark", "ngram-mod")
 NGRAM_MOD_N_MIN = 48  # llama.cpp's default --spec-ngram-mod-n-min (its n_max default: 64)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 INSTALL_HINT = "pip install xllamacpp (or pass a native llama-server binary with --server-bin)"
 
 
@@ -130,6 +134,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the server's process before it starts: Linux sends it SIGTERM when the job that
+    started it dies, even by SIGKILL, so no server outlives its job holding cores and a port."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class NativeServer:
     """A natively built `llama-server` on 127.0.0.1, asked over HTTP."""
 
@@ -143,7 +154,7 @@ class NativeServer:
         cmd = [str(settings.server_bin), *server_args(settings, mode)]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
         quiet = None if settings.verbose else subprocess.DEVNULL
-        self._proc = subprocess.Popen(cmd, stdout=quiet, stderr=quiet)
+        self._proc = subprocess.Popen(cmd, stdout=quiet, stderr=quiet, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
