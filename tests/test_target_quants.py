@@ -68,6 +68,13 @@ def test_a_gguf_target_is_the_served_weights(f16_target, tiny_target, monkeypatc
     # prepared once: a second load reads the cached directory
     monkeypatch.setattr(prepare_mod, "dequantize_gguf", lambda *a, **k: pytest.fail("again"))
     load_target(str(f16_target))
+    # and the feature cache reads its dims as a target's (not as a config.json)
+    from dspark.data.features.feature_layout import target_dims
+
+    assert target_dims(str(f16_target)) == {
+        "hidden_size": ref.config.hidden_size,
+        "num_hidden_layers": ref.config.num_hidden_layers,
+    }
 
 
 @pytest.mark.skipif(not QUANTIZE.is_file(), reason=f"llama-quantize not built ({QUANTIZE})")

@@ -210,9 +210,11 @@ def target_dims(spec: str) -> dict:
     """`hidden_size` and `num_hidden_layers` of a target without loading its weights.
 
     `spec` is inline JSON (`{"hidden_size": 4096, "num_hidden_layers": 36}`), a config.json
-    file, or a target spec `load_target` accepts (its config is read, nothing else)."""
+    file, or a target spec `load_target` accepts (its config is read, nothing else; a GGUF
+    file is a target, prepared once)."""
     text = spec.strip()
-    if text.startswith("{") or Path(text).expanduser().is_file():
+    is_gguf = text.lower().endswith(".gguf")
+    if text.startswith("{") or (Path(text).expanduser().is_file() and not is_gguf):
         inline = text.startswith("{")
         try:
             cfg = json.loads(text if inline else Path(text).expanduser().read_text())
