@@ -21,17 +21,15 @@ import torch
 
 from dspark.data.regeneration.sampling import (
     GenerationFailed,
-    Reply,
     SamplingConfig,
-    prompt_texts,
-    reply_from_tokens,
+    TokenIdBackend,
     stop_token_ids,
 )
 from dspark.decoding import DecoderOptions, SpeculativeDecoder
 from dspark.decoding.sampling import Sampling
 
 
-class DecoderBackend:
+class DecoderBackend(TokenIdBackend):
     """Answer chat prompts with `SpeculativeDecoder.generate_autoregressive`.
 
     `generate(convs, seeds, sampling)` returns one `Reply` per conversation, or a
@@ -64,19 +62,6 @@ class DecoderBackend:
     @property
     def device(self):
         return self.decoder.device
-
-    def encode(self, convs) -> list[list[int]]:
-        """Prompt ids exactly as `HFBackend` feeds them (template text, no added specials)."""
-        texts = prompt_texts(self.tok, convs, self.kw)
-        return self.tok(texts, add_special_tokens=False)["input_ids"]
-
-    def generate(self, convs, seeds, sampling: SamplingConfig) -> list[Reply | GenerationFailed]:
-        stop = set(self.stop_ids)
-        outs = self.generate_ids(self.encode(convs), seeds, sampling)
-        return [
-            o if isinstance(o, GenerationFailed) else reply_from_tokens(self.tok, o, stop)
-            for o in outs
-        ]
 
     def generate_ids(
         self, ids: list[list[int]], seeds, sampling: SamplingConfig

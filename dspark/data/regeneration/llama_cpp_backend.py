@@ -28,10 +28,8 @@ from pathlib import Path
 from dspark.data.regeneration.decoder_backend import DecoderBackend
 from dspark.data.regeneration.sampling import (
     GenerationFailed,
-    Reply,
     SamplingConfig,
-    prompt_texts,
-    reply_from_tokens,
+    TokenIdBackend,
     stop_token_ids,
 )
 from dspark.engines.llama_server import (
@@ -71,7 +69,7 @@ def completion_body(prompt: list[int], seed: int, sampling: SamplingConfig) -> d
     }
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(TokenIdBackend):
     """Answer chat prompts with llama.cpp's server, `settings.parallel` requests in flight.
 
     `generate(convs, seeds, sampling)` returns one `Reply` per conversation, or a
@@ -92,18 +90,6 @@ class LlamaCppBackend:
     def conditions(self) -> dict:
         """What the answers depend on: the engine, its build, threads, slots, the GGUF's quant."""
         return engine_conditions(self.settings)
-
-    def encode(self, convs) -> list[list[int]]:
-        texts = prompt_texts(self.tok, convs, self.kw)
-        return self.tok(texts, add_special_tokens=False)["input_ids"]
-
-    def generate(self, convs, seeds, sampling: SamplingConfig) -> list[Reply | GenerationFailed]:
-        stop = set(self.stop_ids)
-        outs = self.generate_ids(self.encode(convs), seeds, sampling)
-        return [
-            o if isinstance(o, GenerationFailed) else reply_from_tokens(self.tok, o, stop)
-            for o in outs
-        ]
 
     def _one(self, prompt: list[int], seed: int, s: SamplingConfig) -> list[int] | GenerationFailed:
         if not prompt:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 from dspark.data.masks import end_of_turn_ids
 
@@ -67,3 +68,30 @@ def reply_from_tokens(tokenizer, tokens: list[int], stop_ids) -> Reply:
     body = tokens if cut is None else tokens[:cut]
     text = tokenizer.decode(body, skip_special_tokens=True)
     return Reply(text, len(body) + (cut is not None), "length" if cut is None else "stop")
+
+
+class TokenIdBackend:
+    """The chat side every local backend shares: conversations rendered to prompt ids (the
+    template text, no added specials, as HF `generate` is fed) and generated ids cut into
+    replies at `stop_ids`. A subclass sets `tok`, `kw` and `stop_ids` and decodes ids:
+    `generate_ids(ids, seeds, sampling) -> [ids (a final stop id included) | GenerationFailed]`.
+    """
+
+    tok: Any
+    kw: dict
+    stop_ids: list[int]
+
+    def generate_ids(self, ids: list[list[int]], seeds, sampling: SamplingConfig) -> list:
+        raise NotImplementedError
+
+    def encode(self, convs) -> list[list[int]]:
+        texts = prompt_texts(self.tok, convs, self.kw)
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+    def generate(self, convs, seeds, sampling: SamplingConfig) -> list[Reply | GenerationFailed]:
+        stop = set(self.stop_ids)
+        outs = self.generate_ids(self.encode(convs), seeds, sampling)
+        return [
+            o if isinstance(o, GenerationFailed) else reply_from_tokens(self.tok, o, stop)
+            for o in outs
+        ]
