@@ -196,7 +196,8 @@ smollm2-large-data: setup
 	@test ! -e $(LARGE_UNFINISHED) || { echo "smollm2-large-data: work left; rerun to go on"; exit 75; }
 
 # One point of the curve: the first N answered conversations, the SmolLM2 recipe's shape and
-# epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS).
+# epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS;
+# every block verified in full, so tau is the draft's acceptance, not a machine's verify choice).
 N ?= 1500
 CURVE_PROMPTS ?= 16
 CURVE := runs/curve
@@ -211,7 +212,7 @@ smollm2-point: setup
 		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$(N)
 	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft \
 		datasets=[gsm8k,humaneval,mt-bench,mbpp,math500] num_prompts=$(CURVE_PROMPTS) \
-		max_new_tokens=128 baselines.run=[] output_dir=$(CURVE)/n$(N)/benchmark
+		max_new_tokens=128 verify_length=full baselines.run=[] output_dir=$(CURVE)/n$(N)/benchmark
 	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers
 
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
