@@ -142,21 +142,14 @@ def main(argv=None) -> int:
         device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = a.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
         if a.backend == "llama-cpp":
-            from dspark.data.regeneration.llama_cpp_backend import (
-                LlamaCppBackend,
-                resolve_server_bin,
-            )
-            from dspark.engines.llama_server import EngineSettings, target_gguf_of
+            from dspark.data.regeneration.llama_cpp_backend import open_backend
 
-            tok = load_tokenizer(a.target)
-            engine = EngineSettings(
-                target_gguf_of(a.target, a.target_gguf),
-                threads=a.num_threads or os.cpu_count() or 1,
-                ctx=a.batch_size * (len(tok(pre.text)["input_ids"]) + a.max_new_tokens + 16),
-                server_bin=resolve_server_bin(a.server_bin),
-                parallel=a.batch_size,
-            )
-            backend = LlamaCppBackend(engine, tok)
+            # a slot holds the pre-query prompt and the longest user message
+            pre_len = len(load_tokenizer(a.target)(pre.text)["input_ids"])
+            backend = open_backend(a.target, a.target_gguf, a.server_bin,
+                                   a.num_threads or os.cpu_count() or 1, slots=a.batch_size,
+                                   slot_ctx=pre_len + a.max_new_tokens + 16)  # fmt: skip
+            tok = backend.tok
             cond = backend.conditions()
             generator = f"llama-cpp:{cond['target_gguf']}"
         else:

@@ -11,8 +11,8 @@ and their answers can be compared token for token; the reply's ids (a final end-
 id included, as llama.cpp returns it) are cut at the stop ids like the decoder's.
 
 Sampling: greedy at T = 0; otherwise only llama.cpp's temperature, top-k and top-p samplers
-run, in that order as in the bundled decoder (its defaults add min-p 0.05 and top-k 40, which the other backends do not apply), seeded
-per row with `row_seed`, so a row's answer depends on its own seed, not on its slot or
+run, in the bundled decoder's order (llama.cpp's defaults would add min-p 0.05 and top-k 40,
+which the other backends do not apply), seeded per row with `row_seed`, so a row's answer depends on its own seed, not on its slot or
 neighbours. llama.cpp's random stream differs from torch's: sampled rows differ between
 backends, drawn from the same warped distribution.
 """
@@ -97,7 +97,7 @@ class LlamaCppBackend(TokenIdBackend):
         if len(prompt) + s.max_new_tokens > self.slot_ctx:
             return GenerationFailed(
                 f"prompt of {len(prompt)} tokens + max_new_tokens {s.max_new_tokens} exceeds a "
-                f"llama.cpp slot's context {self.slot_ctx} (-c / -np); raise --llama-ctx or "
+                f"llama.cpp slot's context {self.slot_ctx} (-c / -np); raise --slot-ctx or "
                 "lower --max-new-tokens"
             )
         try:

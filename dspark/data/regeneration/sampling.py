@@ -12,6 +12,7 @@ row's answer never depends on its batch neighbours. The local backends render pr
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,7 @@ def reply_from_tokens(tokenizer, tokens: list[int], stop_ids) -> Reply:
     return Reply(text, len(body) + (cut is not None), "length" if cut is None else "stop")
 
 
-class TokenIdBackend:
+class TokenIdBackend(ABC):
     """The chat side every local backend shares: conversations rendered to prompt ids (the
     template text, no added specials, as HF `generate` is fed) and generated ids cut into
     replies at `stop_ids`. A subclass sets `tok`, `kw` and `stop_ids` and decodes ids:
@@ -81,8 +82,9 @@ class TokenIdBackend:
     kw: dict
     stop_ids: list[int]
 
+    @abstractmethod
     def generate_ids(self, ids: list[list[int]], seeds, sampling: SamplingConfig) -> list:
-        raise NotImplementedError
+        """Generated ids per prompt, in the order of `ids` (each backend's own decoding)."""
 
     def encode(self, convs) -> list[list[int]]:
         texts = prompt_texts(self.tok, convs, self.kw)
