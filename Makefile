@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-point ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-point smollm2-large ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -162,7 +162,8 @@ smollm2: smollm2-draft
 # GSM8K-train, self-instruct, the embedded set), answered in order under $DSPARK_CACHE. A step
 # samples more chat and code prompts (LARGE_CHAT_MIN, LARGE_CODE_MIN minutes), extends the mix
 # as far as the prompts so far fix it, and answers it (LARGE_ANSWER_MIN minutes): rerun `make
-# smollm2-large-data` until it exits 0 (a step that stops with work left exits 75). Answered
+# smollm2-large-data` until it succeeds (a step that stops with work left ends with `work left`
+# and make's `Error 75`). Answered
 # rows grow from the first step on, and any first N of them are the same mix, so each curve
 # point is cut from this one build as soon as it is answered: `make smollm2-point N=1500`.
 DATA_CACHE := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/data
@@ -198,22 +199,37 @@ smollm2-large-data: setup
 # One point of the curve: the first N answered conversations, the SmolLM2 recipe's shape and
 # epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS;
 # every block verified in full, so tau is the draft's acceptance, not a machine's verify choice).
+# Training runs in chunks of TRAIN_MIN minutes (trainer.stop_after_min; 0: to the end): rerun
+# `make smollm2-point N=...` after `Error 75` to resume it from its checkpoint.
 N ?= 1500
 CURVE_PROMPTS ?= 16
+TRAIN_MIN ?= 30
 CURVE := runs/curve
 POINT := $(LARGE)/points/n$(N)
+CURVE_SETS := [gsm8k,humaneval,mt-bench,mbpp,math500]
 smollm2-point: setup
 	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --partial \
 		--input $(LARGE)/answers/regenerated.jsonl --limit $(N) --output $(POINT)/tokenized
 	$(CACHE) --data $(POINT)/tokenized --output $(POINT)/features
-	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no \
-		--dynamo_backend no train/distill.py recipe=smollm2 data.train=$(POINT)/tokenized \
+	$(PY) train/distill.py recipe=smollm2 data.train=$(POINT)/tokenized \
 		data.features=$(POINT)/features data.eval=$(LARGE)/embedded_test/tokenized \
-		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$(N)
-	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft \
-		datasets=[gsm8k,humaneval,mt-bench,mbpp,math500] num_prompts=$(CURVE_PROMPTS) \
-		max_new_tokens=128 verify_length=full baselines.run=[] output_dir=$(CURVE)/n$(N)/benchmark
+		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$(N) \
+		trainer.stop_after_min=$(TRAIN_MIN)
+	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft datasets=$(CURVE_SETS) \
+		num_prompts=$(CURVE_PROMPTS) max_new_tokens=128 verify_length=full baselines.run=[] \
+		output_dir=$(CURVE)/n$(N)/benchmark
 	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers
+
+# The larger SmolLM2 draft: the curve's largest point (LARGE_ROWS answered conversations, the
+# same recipe and epochs; resumable as above), benchmarked as `make smollm2` is, on five sets.
+LARGE_ROWS ?= 24000
+smollm2-large: setup
+	$(MAKE) --no-print-directory smollm2-point N=$(LARGE_ROWS) CURVE_PROMPTS=$(CURVE_PROMPTS)
+	$(PY) eval/benchmark.py draft=$(CURVE)/n$(LARGE_ROWS)/draft datasets=$(CURVE_SETS) \
+		num_prompts=$(SM_BENCH_PROMPTS) dtype=$(QS_BENCH_DTYPE) \
+		verify_length=$(QS_VERIFY_LENGTH) baseline_dtypes=$(QS_BASELINE_DTYPES) \
+		baseline_probe_margin=$(QS_BASELINE_MARGIN) baselines.run=[] \
+		output_dir=runs/smollm2-large/benchmark
 
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
 ABL := $(PY) train/distill.py recipe=ablation tracking=none

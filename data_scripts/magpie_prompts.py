@@ -22,8 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from dspark.data.cli import EXIT_UNFINISHED
-from dspark.errors import BadInputError, user_errors
+from dspark.errors import EXIT_UNFINISHED, BadInputError, user_errors
 
 
 def parse(argv=None) -> argparse.Namespace:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dspark.data.cli import regenerate_main
 from dspark.data.tokenize_cli import tokenize_main
-from dspark.errors import UserError, user_errors
+from dspark.errors import EXIT_UNFINISHED, StoppedWithWorkLeft, UserError, user_errors
 from dspark.locking import exclusive_output
 from dspark.overrides import check_overrides, check_sweep_outputs
 from dspark.paths import find_dir
@@ -108,7 +108,11 @@ def _distill_job(cfg) -> float:
 
         if int(os.environ.get("RANK", "0")) == 0:
             print(OmegaConf.to_yaml(cfg, resolve=True))
-        results = run(cfg)
+        try:
+            results = run(cfg)
+        except StoppedWithWorkLeft as e:
+            print(f"distill: {e}", file=sys.stderr)
+            raise SystemExit(EXIT_UNFINISHED) from None
     return float(results["final_eval"].get("eval/loss", float("nan")))  # for sweepers
 
 

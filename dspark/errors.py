@@ -21,10 +21,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 EXIT_USER_ERROR = 2
+# The exit status of a job that stopped unfinished on purpose (a time budget per run): rerun
+# the same command to continue. EX_TEMPFAIL (sysexits.h), so a script or make step tells it
+# from success (0) and from errors.
+EXIT_UNFINISHED = 75
 
 
 class UserError(Exception):
     """A mistake in the user's input; `str(error)` names the problem and the fix."""
+
+
+class StoppedWithWorkLeft(Exception):
+    """A long job reached its time budget at a safe point (its state saved); rerunning the same
+    command continues it. The entry scripts turn it into exit status `EXIT_UNFINISHED`."""
 
 
 class MissingPathError(UserError, FileNotFoundError):

@@ -27,7 +27,7 @@ def read_point(run: Path) -> dict:
     res = json.loads((run / "results.json").read_text())
     point = {"n": n, "steps": res.get("steps"),
              "held_out_tau_greedy": res["final_eval"].get("eval/tau_greedy"),
-             "train_s": res.get("train_seconds")}  # fmt: skip
+             "train_s": res.get("train_seconds_total", res.get("train_seconds"))}  # fmt: skip
     bench = run / "benchmark" / "results.json"
     if bench.is_file():
         b = json.loads(bench.read_text())

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from test_locking import REPO, _env
 
-from dspark.data.cli import EXIT_UNFINISHED, regenerate_main
+from dspark.data.cli import regenerate_main
 from dspark.data.tokenize_cli import tokenize_main
+from dspark.errors import EXIT_UNFINISHED
 
 ARGS = ["--target", "tiny-qwen3", "--input", "embedded", "--split", "train",
         "--max-new-tokens", "24", "--batch-size", "4", "--chunk-rows", "4",

@@ -76,3 +76,42 @@ def test_kill_and_resume_reproduces_the_uninterrupted_losses(tmp_path, debug_dat
     split = losses(tmp_path / "split")
     for s in range(1, 9):
         assert split[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-6), (s, split, whole)
+
+
+def test_a_run_in_timed_chunks_reproduces_the_uninterrupted_losses(tmp_path, debug_data):
+    """trainer.stop_after_min: each job checkpoints and stops at its first step past the budget
+    (here every step); rerunning resumes, and the chunks add up to the uninterrupted run."""
+    from dspark.errors import StoppedWithWorkLeft
+    from dspark.training import loop
+
+    common = ("trainer.max_steps=4", "trainer.log_every=1", "trainer.eval_every=0",
+              "trainer.save_every=0", "trainer.keep_last=2")  # fmt: skip
+    loop.run(debug_cfg(tmp_path / "whole", debug_data, *common))
+    whole = losses(tmp_path / "whole")
+
+    chunked = (*common, "trainer.stop_after_min=1e-9")
+    for step in (1, 2, 3):
+        with pytest.raises(StoppedWithWorkLeft, match=f"at step {step} of 4"):
+            loop.run(debug_cfg(tmp_path / "split", debug_data, *chunked))
+        assert (tmp_path / "split" / "checkpoints" / f"step_{step:08d}" / "DONE").exists()
+    res = loop.run(debug_cfg(tmp_path / "split", debug_data, *chunked))
+    assert res["steps"] == 4 and res["resumed_from"].endswith("step_00000003")
+    assert res["train_seconds_total"] > res["train_seconds"] > 0  # four jobs against the last
+    split = losses(tmp_path / "split")
+    for s in range(1, 5):
+        assert split[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-6), (s, split, whole)
+
+
+def test_a_chunk_stopped_with_work_left_exits_75(tmp_path, debug_data, monkeypatch, capsys):
+    from dspark import cli
+    from dspark.errors import EXIT_UNFINISHED, StoppedWithWorkLeft
+    from dspark.training import loop
+
+    def stop(cfg):
+        raise StoppedWithWorkLeft("stopped after 30 min; rerun the same command to resume")
+
+    monkeypatch.setattr(loop, "run", stop)
+    with pytest.raises(SystemExit) as exit_info:
+        cli._distill_job(debug_cfg(tmp_path, debug_data))
+    assert exit_info.value.code == EXIT_UNFINISHED == 75
+    assert "rerun the same command" in capsys.readouterr().err

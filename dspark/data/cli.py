@@ -21,11 +21,9 @@ from dspark.data.regeneration.run_files import AGREEMENT, SUMMARY, check_output,
 from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.data.tokenize import check_tokenized_output, tokenize_file
 from dspark.data.tokenize_cli import json_arg, print_tokenized, tokenize_args
+from dspark.errors import EXIT_UNFINISHED
 from dspark.locking import exclusive_output
 
-# The exit status of a job that stopped unfinished on purpose (`--stop-after`): rerun it to
-# continue. EX_TEMPFAIL (sysexits.h), so a script or make step tells it from success and errors.
-EXIT_UNFINISHED = 75
 TARGET_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16")
 
 

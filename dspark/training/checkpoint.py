@@ -28,6 +28,7 @@ class Progress:
     step: int = 0  # optimizer steps done
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of `epoch` already consumed
+    train_seconds: float = 0.0  # training wall time up to here, over every job of the run
 
     def state_dict(self) -> dict:
         return asdict(self)

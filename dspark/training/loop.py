@@ -24,6 +24,7 @@ from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from dspark.errors import StoppedWithWorkLeft
 from dspark.locking import exclusive_output
 from dspark.objectives import Objective
 from dspark.training.build import (
@@ -104,12 +105,14 @@ def run(cfg) -> dict:
         r = setup(cfg)
         make_loaders(r)
         prepare(r)
-        started = time.perf_counter()
+        started, earlier_s = time.perf_counter(), r.progress.train_seconds
         while r.progress.step < r.total:
             for batch in epoch_batches(r):
                 metrics, grad_norm = train_step(r, batch)
                 if r.accelerator.sync_gradients:  # an optimizer step, not an accumulation
+                    r.progress.train_seconds = earlier_s + time.perf_counter() - started
                     after_step(r, metrics, grad_norm)
+                    stop_if_out_of_time(r, started)
                 if r.progress.step >= r.total:
                     break
             else:  # the epoch ran out before the budget
@@ -283,6 +286,25 @@ def stop_if_diverged(r: Run, loss_value: float, grad_value: float | None) -> Non
     )
 
 
+def stop_if_out_of_time(r: Run, started: float) -> None:
+    """`trainer.stop_after_min`: past the budget, checkpoint and stop with work left. Collective:
+    the ranks' verdicts are summed, so all stop at the same step."""
+    budget_min = r.cfg.trainer.stop_after_min
+    if budget_min <= 0 or r.progress.step >= r.total:
+        return
+    late = (time.perf_counter() - started) / 60 >= budget_min
+    flag = torch.tensor(float(late), device=r.accelerator.device)
+    if float(r.reducer.sum(flag)) == 0:
+        return
+    save_checkpoint(r.accelerator, r.draft, r.progress, r.out, r.cfg.trainer.keep_last)
+    r.bar.close()
+    raise StoppedWithWorkLeft(
+        f"stopped after {budget_min:g} min of training (trainer.stop_after_min) at step "
+        f"{r.progress.step} of {r.total}, checkpoint saved in {r.out}; rerun the same command "
+        "to resume"
+    )
+
+
 def after_step(r: Run, metrics: dict, grad_norm: torch.Tensor | None) -> None:
     """After an optimizer step: the schedule, the log row, a periodic eval and checkpoint."""
     t_cfg, step = r.cfg.trainer, r.progress.step + 1
@@ -348,6 +370,7 @@ def finish(r: Run) -> dict:
         "steps": r.progress.step,
         "resumed_from": str(r.resumed_from or ""),
         "train_seconds": round(r.train_seconds, 3),  # a resumed run: its own steps only
+        "train_seconds_total": round(r.progress.train_seconds, 3),  # every job of the run
         "final_eval": final_eval,
         "last_train": r.history[-1] if r.history else {},
         "curve_metrics": list(r.objective.curve_metrics),

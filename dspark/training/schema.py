@@ -142,6 +142,10 @@ class TrainerConfig:
     # non-finite loss or gradient always stops the run, before the update.
     divergence_factor: float = 100.0
     resume: bool = True  # continue from the newest checkpoint in output_dir when there is one
+    # > 0: a long run in bounded chunks. At the first optimizer step past this many minutes of
+    # training in this job, save a checkpoint and exit 75 (EX_TEMPFAIL); the same command
+    # resumes from it. 0: train to the end.
+    stop_after_min: float = 0.0
     attention: str = "auto"  # auto | sdpa | flex (flex needs CUDA)
     threads: int | None = None  # torch CPU threads; None keeps torch's default
     # > 0: at the end, fit STS confidence temperatures on this many held-out prompts decoded by
@@ -208,6 +212,7 @@ _BOUNDS: dict[tuple[str, str], tuple[float, bool, str]] = {
     ("optim", "muon_ns_steps"): (1, True, "Muon's Newton-Schulz steps"),
     ("trainer", "epochs"): (0, False, "passes over the training set"),
     ("trainer", "gradient_accumulation_steps"): (1, True, "micro-steps per optimizer step"),
+    ("trainer", "stop_after_min"): (0, True, "minutes of training per job (0: to the end)"),
     ("trainer", "log_every"): (1, True, "optimizer steps between log rows"),
     ("trainer", "eval_every"): (0, True, "optimizer steps between evals (0: only at the end)"),
     ("trainer", "save_every"): (
