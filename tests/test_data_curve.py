@@ -26,6 +26,13 @@ def _point(root: Path, n: int, held: float, taus: dict, train_s: float):
     )
     (run / "benchmark" / "results.json").write_text(json.dumps(
         {"datasets": {k: {"acceptance": {"tau": v}} for k, v in taus.items()}}))  # fmt: skip
+    # two epochs logged; the last one's train tau is held + 0.2 (weighted by blocks), so the
+    # data limits this point; an eval row and the first epoch must not count
+    log = [{"step": 1, "epoch": 0, "train/tau_greedy": held + 5.0, "train/blocks": 10},
+           {"step": 2, "epoch": 1, "train/tau_greedy": held + 0.1, "train/blocks": 30},
+           {"step": 3, "epoch": 1, "train/tau_greedy": held + 0.5, "train/blocks": 10},
+           {"step": 3, "eval/tau_greedy": held}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
 
 
 def test_the_curve_from_its_points(tmp_path):
@@ -47,7 +54,24 @@ def test_the_curve_from_its_points(tmp_path):
     # the last doubling (3000 -> 6000): +0.10 held-out, +0.2 gsm8k, +0.1 mt-bench
     assert curve["doubling_gain"] == pytest.approx({"held-out": 0.1, "gsm8k": 0.2, "mt-bench": 0.1})
     md = (tmp_path / "report" / "curve.md").read_text()
-    assert "| 6000 | 600 | 2.100 | 2.50 | 1.50 | 3.00 | 2.00 |" in md
+    assert [p["train_tau_greedy"] for p in curve["points"]] == pytest.approx([2.0, 2.2, 2.3])
+    assert [p["limit"] for p in curve["points"]] == ["data"] * 3
+    assert "| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 3.00 | 2.00 |" in md
+
+
+def test_a_draft_no_better_on_its_training_rows_is_capacity_limited(tmp_path):
+    run = tmp_path / "n1500"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"epoch": 4, "train/tau_greedy": 1.83, "train/blocks": 5}) + "\n"
+    )
+    train = data_curve.last_epoch_train_tau(run)
+    assert train == pytest.approx(1.83)
+    assert (
+        data_curve.limit_of({"train_tau_greedy": train, "held_out_tau_greedy": 1.80}) == "capacity"
+    )
+    assert data_curve.limit_of({"train_tau_greedy": train, "held_out_tau_greedy": 1.77}) == "data"
+    assert data_curve.limit_of({"train_tau_greedy": None, "held_out_tau_greedy": 1.78}) is None
     assert (tmp_path / "report" / "curve.png").stat().st_size > 0
 
 
