@@ -57,6 +57,7 @@ def test_the_curve_from_its_points(tmp_path):
     assert [p["train_tau_greedy"] for p in curve["points"]] == pytest.approx([2.0, 2.2, 2.3])
     assert [p["limit"] for p in curve["points"]] == ["data"] * 3
     assert "| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 3.00 | 2.00 |" in md
+    assert (tmp_path / "report" / "curve.png").stat().st_size > 0
 
 
 def test_a_draft_no_better_on_its_training_rows_is_capacity_limited(tmp_path):
@@ -72,7 +73,6 @@ def test_a_draft_no_better_on_its_training_rows_is_capacity_limited(tmp_path):
     )
     assert data_curve.limit_of({"train_tau_greedy": train, "held_out_tau_greedy": 1.77}) == "data"
     assert data_curve.limit_of({"train_tau_greedy": None, "held_out_tau_greedy": 1.78}) is None
-    assert (tmp_path / "report" / "curve.png").stat().st_size > 0
 
 
 def test_no_point_is_one_error_line(tmp_path, capsys):
