@@ -221,15 +221,19 @@ smollm2-point: setup
 	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers
 
 # The larger SmolLM2 draft: the curve's largest point (LARGE_ROWS answered conversations, the
-# same recipe and epochs; resumable as above), benchmarked as `make smollm2` is, on five sets.
+# same recipe and epochs; resumable as above), benchmarked as `make smollm2` is on five sets,
+# one command per set (~15-20 min each on 2 cores); a set already benchmarked is kept.
 LARGE_ROWS ?= 24000
+LARGE_BENCH := runs/smollm2-large/n$(LARGE_ROWS)
 smollm2-large: setup
 	$(MAKE) --no-print-directory smollm2-point N=$(LARGE_ROWS) CURVE_PROMPTS=$(CURVE_PROMPTS)
-	$(PY) eval/benchmark.py draft=$(CURVE)/n$(LARGE_ROWS)/draft datasets=$(CURVE_SETS) \
+	$(MAKE) --no-print-directory LARGE_ROWS=$(LARGE_ROWS) \
+		$(foreach s,$(subst $(comma),$(space),$(CURVE_SETS:[%]=%)),$(LARGE_BENCH)/$(s)/results.json)
+$(LARGE_BENCH)/%/results.json:
+	$(PY) eval/benchmark.py draft=$(CURVE)/n$(LARGE_ROWS)/draft datasets=[$*] \
 		num_prompts=$(SM_BENCH_PROMPTS) dtype=$(QS_BENCH_DTYPE) \
 		verify_length=$(QS_VERIFY_LENGTH) baseline_dtypes=$(QS_BASELINE_DTYPES) \
-		baseline_probe_margin=$(QS_BASELINE_MARGIN) baselines.run=[] \
-		output_dir=runs/smollm2-large/benchmark
+		baseline_probe_margin=$(QS_BASELINE_MARGIN) baselines.run=[] output_dir=$(LARGE_BENCH)/$*
 
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
 ABL := $(PY) train/distill.py recipe=ablation tracking=none
