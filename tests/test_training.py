@@ -78,7 +78,10 @@ def test_kill_and_resume_reproduces_the_uninterrupted_losses(tmp_path, debug_dat
         assert split[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-6), (s, split, whole)
 
 
-def test_a_run_in_timed_chunks_reproduces_the_uninterrupted_losses(tmp_path, debug_data):
+@pytest.mark.parametrize("save_every", [0, 2])  # 2: some stops fall on a periodic checkpoint
+def test_a_run_in_timed_chunks_reproduces_the_uninterrupted_losses(
+    tmp_path, debug_data, save_every
+):
     """trainer.stop_after_min: each job checkpoints and stops at its first step past the budget
     (here every step); rerunning resumes, and the chunks add up to the uninterrupted run."""
     from dspark.errors import StoppedWithWorkLeft
@@ -89,7 +92,7 @@ def test_a_run_in_timed_chunks_reproduces_the_uninterrupted_losses(tmp_path, deb
     loop.run(debug_cfg(tmp_path / "whole", debug_data, *common))
     whole = losses(tmp_path / "whole")
 
-    chunked = (*common, "trainer.stop_after_min=1e-9")
+    chunked = (*common, "trainer.stop_after_min=1e-9", f"trainer.save_every={save_every}")
     for step in (1, 2, 3):
         with pytest.raises(StoppedWithWorkLeft, match=f"at step {step} of 4"):
             loop.run(debug_cfg(tmp_path / "split", debug_data, *chunked))

@@ -296,7 +296,9 @@ def stop_if_out_of_time(r: Run, started: float) -> None:
     flag = torch.tensor(float(late), device=r.accelerator.device)
     if float(r.reducer.sum(flag)) == 0:
         return
-    save_checkpoint(r.accelerator, r.draft, r.progress, r.out, r.cfg.trainer.keep_last)
+    t_cfg = r.cfg.trainer
+    if not (t_cfg.save_every and r.progress.step % t_cfg.save_every == 0):  # after_step saved it
+        save_checkpoint(r.accelerator, r.draft, r.progress, r.out, t_cfg.keep_last)
     r.bar.close()
     raise StoppedWithWorkLeft(
         f"stopped after {budget_min:g} min of training (trainer.stop_after_min) at step "
