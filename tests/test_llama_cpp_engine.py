@@ -41,6 +41,34 @@ def test_server_flags_per_mode():
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "help_text,flag",
+    [
+        (
+            "--spec-draft-n-max N\n--spec-draft-conf-min P   cut the block ...\n",
+            "--spec-draft-conf-min",
+        ),
+        ("--spec-draft-n-max N\n--spec-draft-p-min, --draft-p-min P\n", "--spec-draft-p-min"),
+        ("usage: llama-server [options]\n", "--spec-draft-p-min"),  # names neither
+    ],
+)
+def test_the_confidence_cut_flag_is_the_one_the_build_reads(tmp_path, monkeypatch, help_text, flag):
+    from dspark.engines import llama_server
+    from dspark.engines.llama_server import confidence_cut_flag, engine_conditions
+
+    monkeypatch.setattr(llama_server, "gguf_file_type", lambda path: None)  # no real GGUFs here
+
+    fake = tmp_path / "llama-server"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{help_text}EOF\n")
+    fake.chmod(0o755)
+    s = EngineSettings("t.gguf", "d.gguf", server_bin=str(fake))
+    args = server_args(s, Mode("draft-dspark", 2, 0.4))
+    assert args[args.index("--spec-draft-n-max") + 2 :][:2] == [flag, "0.4"]
+    assert confidence_cut_flag(str(fake)) == flag
+    assert engine_conditions(s)["confidence_cut_flag"] == flag
+    assert confidence_cut_flag(None) == "--spec-draft-p-min"  # xllamacpp: its p_min field
+
+
 def test_without_xllamacpp_the_engine_says_how_to_get_it(monkeypatch):
     from dspark.bench.llama_cpp import InProcessEngine
 

@@ -14,8 +14,10 @@ requests sent concurrently in one batch (continuous batching).
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,7 +43,7 @@ class Mode:
 
     spec: str = "none"
     n_max: int = 0  # --spec-draft-n-max (draft-dspark) / --spec-ngram-mod-n-max (ngram-mod)
-    p_min: float = 0.0  # --spec-draft-p-min: stop drafting below this confidence (0: off)
+    p_min: float = 0.0  # the confidence cut (CONF_CUT_FLAGS): stop drafting below it (0: off)
 
     @property
     def name(self) -> str:
@@ -64,13 +66,37 @@ class EngineSettings:
     extra_args: tuple[str, ...] = ()  # more llama-server flags (e.g. the draft on an RPC node)
 
 
+# The flag of the draft-dspark confidence cut (the block is cut at the first position whose
+# confidence is below it): upstream llama.cpp names it --spec-draft-conf-min, earlier builds
+# (the one `make llama-server` builds among them) --spec-draft-p-min.
+CONF_CUT_FLAGS = ("--spec-draft-conf-min", "--spec-draft-p-min")
+
+
+@functools.lru_cache(maxsize=8)
+def confidence_cut_flag(server_bin: str | None) -> str:
+    """The confidence-cut flag the `server_bin` build reads (its `--help`), newest name first;
+    `--spec-draft-p-min` for xllamacpp and for a build that names neither."""
+    if server_bin:
+        try:
+            shown = subprocess.run([str(server_bin), "--help"], capture_output=True, text=True,
+                                   timeout=60, check=False)  # fmt: skip
+            text = shown.stdout + shown.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+        for flag in CONF_CUT_FLAGS:
+            if re.search(re.escape(flag) + r"\b", text):
+                return flag
+    return CONF_CUT_FLAGS[-1]
+
+
 def server_args(settings: EngineSettings, mode: Mode) -> list[str]:
     """`llama-server` flags for `mode` (also what the export's README prints)."""
     args = ["-m", settings.target_gguf, "-c", str(settings.ctx), "-np", str(settings.parallel)]
     args += ["-t", str(settings.threads), "-tb", str(settings.threads)]
     if mode.spec == "draft-dspark":
         args += ["--spec-type", "draft-dspark", "-md", str(settings.draft_gguf)]
-        args += ["--spec-draft-n-max", str(mode.n_max), "--spec-draft-p-min", f"{mode.p_min:g}"]
+        cut = confidence_cut_flag(settings.server_bin)
+        args += ["--spec-draft-n-max", str(mode.n_max), cut, f"{mode.p_min:g}"]
     elif mode.spec == "ngram-mod":
         args += ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", str(mode.n_max)]
         # llama.cpp's n_min default (48) above a smaller n_max would never draft
@@ -135,10 +161,12 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the server's process before it starts: Linux sends it SIGTERM when the job that
-    started it dies, even by SIGKILL, so no server outlives its job holding cores and a port."""
+    """In the server's process before it starts: Linux sends it SIGKILL when the job that
+    started it dies, even by SIGKILL, so no server outlives its job holding cores and a port.
+    SIGKILL, not SIGTERM: on SIGTERM llama-server first finishes the requests in flight, which
+    on an oversubscribed CPU took minutes; nothing of a benchmark's server needs a clean exit."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class NativeServer:
@@ -204,6 +232,7 @@ def engine_conditions(settings: EngineSettings) -> dict:
         "target_file_type": gguf_file_type(settings.target_gguf),
         "draft_gguf": os.path.basename(settings.draft_gguf or "") or None,
         "draft_file_type": gguf_file_type(settings.draft_gguf) if settings.draft_gguf else None,
+        "confidence_cut_flag": confidence_cut_flag(settings.server_bin),
     }
     if not settings.server_bin:
         try:
