@@ -24,6 +24,7 @@ with the least draft work per round among those whose tau at `n_max` 1 is within
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from dspark.bench import llama_cpp_flags as flags
 from dspark.bench.llama_cpp import Mode, ModeRun
@@ -56,7 +57,9 @@ def tensor_parts(gguf_path: str | os.PathLike) -> dict[str, dict]:
     import gguf  # optional: gguf
 
     reader = gguf.GGUFReader(str(gguf_path))
-    out = {p: {"params": 0, "bytes": 0, "slot_matmul_params": 0, "types": set()} for p in PARTS}
+    out: dict[str, dict[str, Any]] = {
+        p: {"params": 0, "bytes": 0, "slot_matmul_params": 0, "types": set()} for p in PARTS
+    }
     for t in reader.tensors:
         part = part_of(t.name)
         if part is None:
