@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 from dspark.bench import llama_cpp_flags as flags
-from dspark.bench.llama_cpp import Mode, ModeRun
+from dspark.bench.llama_cpp import Mode, ModeRun, pooled
 
 PARTS = ("features in", "backbone", "lm_head", "markov", "confidence", "embedding")
 # parts every drafted slot multiplies through (lookups and the per-context-token fc excluded)
@@ -79,11 +79,6 @@ def tensor_parts(gguf_path: str | os.PathLike) -> dict[str, dict]:
     return out
 
 
-def pooled(runs: dict[str, dict[str, ModeRun]], mode: Mode) -> ModeRun:
-    """One mode's completions over every prompt set, as one run."""
-    return ModeRun(mode, [c for s in runs.values() for c in s[mode.name].completions])
-
-
 def measured_row(name: str, parts: dict, runs: dict[str, dict[str, ModeRun]],
                  probes: list[Mode]) -> dict:  # fmt: skip
     """One export: its modes' figures, the fitted round cost, and the draft's share of a round
@@ -120,7 +115,8 @@ def measured_row(name: str, parts: dict, runs: dict[str, dict[str, ModeRun]],
             "round_ms": round_ms,
             "draft_share": draft_ms / round_ms,
             "break_even_tau": round_ms / step_ms,
-        },  # fmt: skip
+            "speedup": one["speedup"],
+        },
     }
 
 
@@ -129,6 +125,10 @@ def choose(rows: list[dict], tolerance: float = TAU_TOLERANCE) -> dict:
     best_tau = max(r["n_max_1"]["tau"] or 0.0 for r in rows)
     equal = [r for r in rows if (r["n_max_1"]["tau"] or 0.0) >= (1 - tolerance) * best_tau]
     return min(equal, key=lambda r: r["n_max_1"]["draft_ms"])
+
+
+def _x(ratio: float | None) -> str:
+    return "" if ratio is None else f"{ratio:.2f}x"
 
 
 def render(rows: list[dict], chosen: dict, conditions: dict) -> str:
@@ -147,13 +147,11 @@ def render(rows: list[dict], chosen: dict, conditions: dict) -> str:
               "tau | speedup at n_max 1 |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         c, one = r["cost"], r["n_max_1"]
-        speed = next((g["speedup"] for g in r["grid"] if g["n_max"] == one["n_max"]
-                      and g["p_min"] == one["p_min"]), None)  # fmt: skip
         lines.append(
             f"| {r['export']} | {r['draft_bytes'] / 1e6:.1f} | {r['plain_tokens_per_s']:.1f} | "
             f"{c['base_ms']:.2f} | {c['per_slot_ms']:.2f} | {c['per_draft_ms']:.2f} | "
             f"{one['draft_ms']:.2f} | {one['draft_share']:.0%} | {one['tau']:.2f} | "
-            f"{one['break_even_tau']:.2f} | {'' if speed is None else f'{speed:.2f}x'} |"
+            f"{one['break_even_tau']:.2f} | {_x(one['speedup'])} |"
         )
     lines += ["", f"Choice: **{chosen['export']}**, the least draft work per round "
               f"({chosen['n_max_1']['draft_ms']:.2f} ms, {chosen['n_max_1']['draft_share']:.0%} "

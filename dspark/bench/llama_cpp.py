@@ -146,6 +146,11 @@ class ModeRun:
         return out
 
 
+def pooled(runs: dict[str, dict[str, ModeRun]], mode: Mode) -> ModeRun:
+    """One mode's completions over every prompt set of `run_modes`' result, as one run."""
+    return ModeRun(mode, [c for s in runs.values() for c in s[mode.name].completions])
+
+
 def decode_all(
     engine: Engine, prompts: list[list[int]], max_new_tokens: int, mode: Mode
 ) -> ModeRun:

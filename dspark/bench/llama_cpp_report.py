@@ -17,8 +17,8 @@ from dspark.bench import llama_cpp_flags as flags
 from dspark.bench.llama_cpp import (
     EngineSettings,
     Mode,
-    ModeRun,
     engine_conditions,
+    pooled,
     run_modes,
     server_args,
 )
@@ -61,14 +61,10 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
     with each mode's figures (and, with `rounds`, its predicted ones)."""
     modes = [Mode("none"), *tune_modes(block_size, has_confidence, how)]
     runs = run_modes(settings, modes, prompts, max_new_tokens, progress=progress)
-
-    def pooled(mode: Mode) -> ModeRun:  # every tuning prompt of every set, as one run
-        return ModeRun(mode, [c for s in runs for c in runs[s][mode.name].completions])
-
-    plain = pooled(modes[0])
+    plain = pooled(runs, modes[0])  # every tuning prompt of every set, as one run
     grid: list[dict] = []
     for mode in modes[1:]:
-        run = pooled(mode)
+        run = pooled(runs, mode)
         r = run.summary(plain)
         grid.append({"n_max": mode.n_max, "p_min": mode.p_min, "tokens_per_s": r["tokens_per_s"],
                      "tau": r["tau"], "round_ms": r["round_ms"],
