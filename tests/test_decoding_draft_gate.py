@@ -157,3 +157,76 @@ def test_a_probe_replaces_the_prior_and_a_plain_round_averages_into_it():
     assert gate.should_draft(8)  # a plain (non-probe) drafted round
     gate.observe([[0.4, 0.3]] * 8)
     assert gate.prior == pytest.approx([0.3, 0.2])
+
+
+def test_realized_gain_vetoes_what_the_survivals_promise():
+    gate = DraftGate(_profile(), gamma=2, interval=2, probe_budget=0.0)
+    surv = [[0.9, 0.8]]
+    assert gate.lengths(surv, [2]) == [2] and gate.priced(surv)  # 2.7 tok / 1.3 s vs 1 / 1.0
+    assert gate.realized_gain(1) is None
+    # AR rounds at load 8 take 3.0 s against 1.0 s priced: the AR scale of every band that
+    # has not run AR rounds of its own (the nearest band's stands in), bounded at 2
+    gate.observe_round([0] * 8, [0] * 8, False, 3.0)
+    assert gate.ar_scale(1) == gate.ar_scale(8) == 2.0
+    gate.observe_round([0], [0], False, 1.5)  # load 1's own: 1.5 s against 1.0
+    assert gate.ar_scale(1) == pytest.approx(1.5) and gate.ar_scale(8) == pytest.approx(2.0)
+    # drafted rounds at load 1 that take 4.5 s and commit 2 tokens: AR steps (1.5 s each)
+    # would have committed 3 in that time, a realized gain of 2/3 once 3 rounds were seen
+    for n in range(3):
+        assert gate.realized_gain(1) is None
+        assert gate.should_draft(1)
+        gate.observe_round([2], [1], True, 4.5)
+        gate.observe(surv)
+        assert gate.skip_left == (0 if n < 2 else 2)  # the third round vetoes: back off
+    assert gate.realized_gain(1) == pytest.approx(2.0 / 3.0)
+    assert gate.priced(surv) and gate.realized_loss(1)  # the survivals alone still pay
+    # a new load band prices its prior, but the realized loss at load 1 keeps it from drafting
+    gate.should_draft(8)
+    gate.skip_left = 0
+    assert gate.should_draft(1) is False and gate.skip_left > 0
+    # rounds that pay lift the decayed gain (decay 0.9) back over 1
+    for _ in range(6):
+        gate.observe_round([2], [2], True, 1.5)  # 3 tokens in one AR step's time
+    w = [0.9**k for k in range(9)]  # newest first
+    tokens = 3 * sum(w[:6]) + 2 * sum(w[6:])
+    ar_tokens = 1 * sum(w[:6]) + 3 * sum(w[6:])
+    assert gate.realized_gain(1) == pytest.approx(tokens / ar_tokens) and not gate.realized_loss(1)
+    assert gate.realized_gain(8) is None  # load bands keep their own
+    gate.reset()
+    assert gate.realized_gain(1) is None and gate.ar_scale(1) == 1.0
+
+
+def test_the_decoder_times_every_round_for_the_gate(tiny_target):
+    model, _ = tiny_target("qwen2")
+    vocab = model.config.vocab_size
+    prompts = prompts_for(vocab, (5, 8, 3), 44)
+    refs = [greedy_reference(model, p, 20) for p in prompts]
+    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=3)
+    # drafting never pays at 2+ rows: a drafted first round, then back-offs and probes
+    policy = VerifyPolicy(
+        "scheduler",
+        sps=_sched_profile([0.0, 50.0, 50.0, 50.0]),
+        draft_probe_interval=2,
+        draft_probe_budget=0.0,
+    )
+    dec = SpeculativeDecoder(model, draft, DecoderOptions(policy=policy))
+    timed: list[tuple[list[int], bool, float]] = []
+    gate = policy.gate
+    assert gate is not None
+    observe_round = gate.observe_round
+
+    def record(v, a, d, s):
+        timed.append((list(v), d, s))
+        observe_round(v, a, d, s)
+
+    gate.observe_round = record  # type: ignore[method-assign]
+    out = dec.generate(prompts, 20)
+    assert out.sequences == refs
+    assert len(timed) == len(out.round_rows)  # every round, drafted or not
+    assert all(s > 0 for _, _, s in timed)
+    drafted = [d for _, d, _ in timed]
+    assert drafted == [w > 1 or d > 0 for d, w in zip(out.round_draft_s, out.round_width)]
+    assert True in drafted and False in drafted
+    assert [len(v) for v, _, _ in timed] == out.round_rows
+    assert {gate.load_band(len(v)) for v, d, _ in timed if d} <= set(gate.drafted_sums)
+    assert {gate.load_band(len(v)) for v, d, _ in timed if not d} <= set(gate.ar_time)

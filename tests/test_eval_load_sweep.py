@@ -187,3 +187,24 @@ def test_sweep_repeats_keep_the_median_repeat(tiny_target, tmp_path):
     assert res["cells"]["2/scheduler"]["matches_ar"] == 1.0
     traces = (tmp_path / "traces.jsonl").read_text().splitlines()
     assert len(traces) == 2  # the first repeat's traces only: one row per request
+
+
+def test_full_load_throughput_leaves_out_the_closed_batchs_tail():
+    from dspark.decoding.output import GenerationOutput
+
+    out = GenerationOutput.empty(2)
+    out.new_tokens, out.finish_s = [9, 9], [1.0, 1.5]
+    out.wall_time_s, out.prefill_s = 1.5, 0.1
+    out.accept_lengths, out.verify_lengths, out.confidences = [[], []], [[], []], [[], []]
+    out.record_round([0, 1], 0.1, 0.3, [2, 2], [2, 1], [[0.9, 0.8], [0.9, 0.5]])  # 5 tokens
+    out.record_round([0, 1], 0.0, 0.2)  # an AR step: 2 tokens
+    out.record_round([1], 0.0, 0.15)  # request 0 finished: load 1, the tail
+    assert out.round_committed == [5, 2, 1]
+    cell = ls.cell_metrics(out, load=2)
+    assert cell["full_load_tokens_per_s"] == pytest.approx((5 + 2) / (0.4 + 0.2))
+    cells = [
+        dict(cell, full_load_tokens_per_s=x, total_tokens_per_s=t)
+        for x, t in ((5.0, 1.0), (9.0, 2.0), (7.0, 3.0))
+    ]
+    med = ls.median_cell(cells)
+    assert med["full_load_tokens_per_s"] == 7.0 and med["total_tokens_per_s"] == 2.0

@@ -120,9 +120,10 @@ class SpeculativeDecoder:
         # the one host sync of the round: accept counts, next tokens, drafts
         host = torch.cat([accepted[:, None], nxt[:, None], drafts], dim=1).tolist()
         n_acc, conf = [h[0] for h in host], prop.host_confidence()
-        self.policy.observe(conf, verified, n_acc)
+        t_end = time.perf_counter()  # after the host sync: the round's work is done
+        self.policy.observe(conf, verified, n_acc, t_end - t_draft)
         draft_s = t_verify - t_draft if prop.drafted else 0.0
-        verify_s = time.perf_counter() - t_verify
+        verify_s = t_end - t_verify
         out.record_round(batch.requests, draft_s, verify_s, verified, n_acc, conf)
         self._commit(out, batch, [h[2 : 2 + h[0]] + [h[1]] for h in host], nxt)
 

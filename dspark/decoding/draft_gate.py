@@ -17,15 +17,24 @@ loss. The round's price is the profile's `draft_time(R)`, measured with the draf
   SPS profile) against `live` tokens per plain AR step. Budgets are left out: a request near
   its end caps what any draft can add, which says nothing about the load (a round where every
   request has only its bonus token left does not draft at all).
+- What drafting realized vetoes what the profile promises: per load band, the tokens that
+  drafted rounds committed against the tokens AR steps would have committed in the same wall
+  time (AR steps priced by the profile, scaled by the measured/priced time of the AR rounds
+  this decoder ran, at the nearest band that ran any). Where that realized gain is below 1
+  (over a few drafted rounds' worth) the band backs off whatever the survivals say: the
+  profile is measured at one short context, and the survivals of marginal rounds, even
+  corrected per depth, overstate them where drafting nearly breaks even (load 16 on a CPU,
+  where shallow rounds priced to pay commit fewer tokens than AR steps would). The round
+  times come from earlier rounds only, like every other input of the gate.
 - After each drafted round it prices that round's own (corrected) survivals: acceptance is
   autocorrelated (an easy stretch of text stays easy for a while), so the round just seen
-  predicts the next better than the average does. Whenever the load changes (a call starts, a
-  request finishes or joins) it prices the prior at the new load. Where the price pays, the
-  next round drafts (a back-off in progress ends); where it does not, a back-off starts: the
-  next `skip` rounds are AR steps (no draft), then one probe round drafts again and its
-  survivals replace the prior (the requests now live may differ from those the average was
-  made of). Each failed probe doubles `skip` (up to `max_interval`); a round that pays resets it to
-  `interval`. `skip` is kept per load (power-of-two bands of live requests: that drafting
+  predicts the next better than the average does. Whenever the load changes band (a call
+  starts, requests finish or join; bands are powers of two) it prices the prior at the new
+  load. Where the price pays, the next round drafts (a back-off in progress ends); where it
+  does not, a back-off starts: the next `skip` rounds are AR steps (no draft), then one probe
+  round drafts again and its survivals replace the prior (the requests now live may differ
+  from those the average was made of). Each failed probe doubles `skip` (up to
+  `max_interval`); a round that pays resets it to `interval`. `skip` is kept per load (power-of-two bands of live requests: that drafting
   pays at load 1 says nothing about load 64); a load seen for the first time starts from the
   longest back-off of the lower loads; and it is never shorter than keeps probes under
   `probe_budget` of the AR time (a probe costs a draft round, ~1 AR step at 64 requests on a
@@ -34,7 +43,7 @@ loss. The round's price is the profile's `draft_time(R)`, measured with the draf
   forgets it.
 
 Losslessness: whether a round drafts is decided before it from earlier rounds only (their
-survivals and acceptance counts), never from the target's outputs of the round being decided,
+survivals, acceptance counts and wall times), never from the target's outputs of the round being decided,
 so the committed tokens keep the target's distribution; within a round the scheduler decides
 the verified prefix from the draft alone, as before.
 """
@@ -50,6 +59,15 @@ from dspark.decoding.scheduler import SCHEDULERS
 from dspark.decoding.sps import SPSProfile
 
 
+def drafted_round_s(lengths: Sequence[int], profile: SPSProfile, ragged: bool = False) -> float:
+    """The profile's price of a drafted round verifying `lengths [R]` drafts per request:
+    draft time(R) + verify time(R, width), width = 1 + max l (padded pass) or (R + sum l) / R
+    (ragged)."""
+    live = len(lengths)
+    width = (live + sum(lengths)) / live if ragged else 1 + max(lengths)
+    return profile.draft_time(live) + profile.step_time(live, width)
+
+
 def expected_tokens_per_s(
     survival: Sequence[Sequence[float]],
     lengths: Sequence[int],
@@ -59,14 +77,12 @@ def expected_tokens_per_s(
     """`(with the draft, plain AR)` expected committed tokens per second for one round.
 
     survival `[R][gamma]` (a_{r,j} = prod_{i<=j} c_{r,i}), lengths `[R]` drafts verified per
-    request. With the draft: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}) over draft time(R) + verify
-    time(R, width), width = 1 + max l (padded pass) or (R + sum l) / R (ragged); AR: R tokens
-    per verify time(R, 1).
+    request. With the draft: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}) over `drafted_round_s`;
+    AR: R tokens per verify time(R, 1).
     """
     live = len(lengths)
     tau = float(live) + sum(sum(a[:n]) for a, n in zip(survival, lengths))
-    width = (live + sum(lengths)) / live if ragged else 1 + max(lengths)
-    t_spec = profile.draft_time(live) + profile.step_time(live, width)
+    t_spec = drafted_round_s(lengths, profile, ragged)
     return tau / t_spec, live / profile.step_time(live, 1)
 
 
@@ -74,6 +90,12 @@ def expected_tokens_per_s(
 PROBE_INTERVAL = 4
 MAX_PROBE_INTERVAL = 64
 PROBE_BUDGET = 0.05
+GAIN_DECAY = 0.9  # realized gain and AR round times: about the last 10 rounds per load band
+MIN_GAIN_ROUNDS = 2.5  # decayed count of drafted rounds before a veto: 3 in a row (2.71)
+# the measured/priced time of AR rounds stays within [1 / bound, bound]: it corrects a profile
+# of this machine at other context lengths; a larger error means the profile is not of this
+# machine (re-measure it), and one descheduled round must not swing the verdict
+AR_SCALE_BOUND = 2.0
 
 
 class DraftGate:
@@ -91,6 +113,7 @@ class DraftGate:
         prior_weight: float = 0.2,
         realized_decay: float = 0.95,
         probe_budget: float = PROBE_BUDGET,
+        gain_decay: float = GAIN_DECAY,
     ):
         if interval < 1:
             raise ValueError(f"draft_probe_interval={interval}; use >= 1")
@@ -100,6 +123,7 @@ class DraftGate:
         self.prior_weight = float(prior_weight)
         self.realized_decay = float(realized_decay)
         self.probe_budget = float(probe_budget)
+        self.gain_decay = float(gain_decay)
         schedule = SCHEDULERS["ragged" if ragged else "padded"]
         self._schedule: Callable[..., torch.Tensor] = schedule
         self.reset()
@@ -124,6 +148,11 @@ class DraftGate:
         # decayed sums over verified slots per depth: survival predicted, drafts accepted
         self.predicted_sum = [0.0] * self.gamma
         self.realized_sum = [0.0] * self.gamma
+        # load band -> decayed sums over its AR rounds: [measured s, profile-priced s]
+        self.ar_time: dict[int, list[float]] = {}
+        # load band -> decayed sums over its drafted rounds: [tokens committed, tokens AR steps
+        # would have committed in the same time, rounds]
+        self.drafted_sums: dict[int, list[float]] = {}
 
     # ------------------------------------------------------------------ decisions
     def lengths(self, survival: Sequence[Sequence[float]], caps: Sequence[int]) -> list[int]:
@@ -136,6 +165,53 @@ class DraftGate:
     def pays(self, survival: Sequence[Sequence[float]], lengths: Sequence[int]) -> bool:
         with_draft, ar = expected_tokens_per_s(survival, lengths, self.profile, self.ragged)
         return with_draft >= ar
+
+    def ar_scale(self, live: int) -> float:
+        """Measured over priced time of the AR rounds at this load band, or at the nearest
+        band that ran any (a band where drafting always paid runs none), else 1.0; within
+        [1 / AR_SCALE_BOUND, AR_SCALE_BOUND]."""
+        band = self.load_band(live)
+        seen = [b for b, v in self.ar_time.items() if v[1] > 0]
+        if not seen:
+            return 1.0
+        near = min(seen, key=lambda b: (abs(b.bit_length() - band.bit_length()), b))
+        measured, priced = self.ar_time[near]
+        return min(max(measured / priced, 1.0 / AR_SCALE_BOUND), AR_SCALE_BOUND)
+
+    def realized_gain(self, live: int) -> float | None:
+        """Tokens the drafted rounds at this load band committed over the tokens AR steps
+        would have committed in their wall time (decayed sums); None before MIN_GAIN_ROUNDS
+        drafted rounds' worth."""
+        sums = self.drafted_sums.get(self.load_band(live))
+        if not sums or sums[2] < MIN_GAIN_ROUNDS or sums[1] <= 0:
+            return None
+        return sums[0] / sums[1]
+
+    def realized_loss(self, live: int) -> bool:
+        gain = self.realized_gain(live)
+        return gain is not None and gain < 1.0
+
+    def observe_round(
+        self, verified: Sequence[int], accepted: Sequence[int], drafted: bool, seconds: float
+    ) -> None:
+        """After every round (`verified [R]` / `accepted [R]` drafts per request, all 0 on a
+        round the gate skipped) with its wall time: an AR round's time against its price, or
+        what a drafted round committed against what AR steps would have in that time. Call it
+        before `observe`, which decides on the round just seen."""
+        live = len(verified)
+        if live == 0 or seconds <= 0:
+            return
+        band, d = self.load_band(live), self.gain_decay
+        step = self.profile.step_time(live, 1)
+        if not drafted:
+            t = self.ar_time.setdefault(band, [0.0, 0.0])
+            t[0], t[1] = d * t[0] + seconds, d * t[1] + step
+            return
+        ar_tokens = live * seconds / (self.ar_scale(live) * step)
+        g = self.drafted_sums.setdefault(band, [0.0, 0.0, 0.0])
+        g[0] = d * g[0] + live + sum(accepted)
+        g[1] = d * g[1] + ar_tokens
+        g[2] = d * g[2] + 1.0
 
     def realism(self) -> list[float]:
         """Per depth j: accepted drafts / predicted survival over the verified slots so far
@@ -196,13 +272,17 @@ class DraftGate:
         verify (its budget); 0 means a draft could add nothing."""
         if max_cap is not None and max_cap <= 0:
             return False
-        if live != self.load:  # a new load: price the average round there
-            self.load = live
+        # a new load band: price the average round there (within a band, e.g. requests
+        # finishing one by one at the end of a call, its back-off stands)
+        if self.load is None or self.load_band(live) != self.load_band(self.load):
             verdict = self.prior_pays(live)
+            if verdict and self.realized_loss(live):
+                verdict = False
             if verdict is True:
                 self.skip_left = 0
             elif verdict is False:
                 self.skip_left = max(self.skip_left, self.backoff(live))
+        self.load = live
         if self.skip_left > 0:
             self.skip_left -= 1
             self.probe_next = self.skip_left == 0  # the round after a back-off probes
@@ -234,7 +314,7 @@ class DraftGate:
             mean if self.prior is None else [(1 - w) * p + w * m for p, m in zip(self.prior, mean)]
         )
         live = self.load = len(survival)
-        if self.priced(survival):
+        if self.priced(survival) and not self.realized_loss(live):
             self.skip_next[self.load_band(live)] = self.interval
         else:
             self.skip_left = self.backoff(live)

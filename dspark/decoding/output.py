@@ -33,7 +33,8 @@ class GenerationOutput:
       `round_verify_s` verify phase (target pass, acceptance, draft-context write, the host
       copy), `round_rows` live requests, `round_tokens` verify tokens the policy priced
       (sum over rows of 1 + L_r), `round_width` the padded verify width (1 + max L_r; the
-      pass computes `round_rows * round_width` tokens). AR: draft 0, width 1.
+      pass computes `round_rows * round_width` tokens), `round_committed` tokens the round
+      committed (rows + drafts accepted). AR: draft 0, width 1.
       Phases are timed with `perf_counter` on the host; on CUDA the decoder synchronises at
       the draft/verify boundary only when `time_rounds` is on.
 
@@ -60,6 +61,7 @@ class GenerationOutput:
     round_verify_s: list[float] = field(default_factory=list)
     round_rows: list[int] = field(default_factory=list)
     round_tokens: list[int] = field(default_factory=list)
+    round_committed: list[int] = field(default_factory=list)
     round_width: list[int] = field(default_factory=list)
     # the call while it is recorded (`start`): token budget, stop ids, clock, finished requests
     _budget: int = field(default=0, init=False, repr=False, compare=False)
@@ -140,6 +142,7 @@ class GenerationOutput:
         self.round_draft_s.append(draft_s)
         self.round_verify_s.append(verify_s)
         self.round_rows.append(rows)
+        self.round_committed.append(rows + (sum(accepted) if accepted is not None else 0))
         if verified is None or accepted is None:
             self.round_tokens.append(rows)
             self.round_width.append(1)

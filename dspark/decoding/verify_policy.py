@@ -159,8 +159,14 @@ class VerifyPolicy:
         confidence: list[list[float]] | None,
         verified: Sequence[int],
         accepted: Sequence[int],
+        round_s: float = 0.0,
     ) -> None:
-        """After a drafted round: what verification realized, for the draft gate's pricing."""
-        if self.gate is not None and confidence is not None:
+        """After every round (`confidence` None where nothing was drafted): its wall time
+        `round_s` (0: not timed) and what verification realized, for the draft gate's
+        pricing."""
+        if self.gate is None:
+            return
+        self.gate.observe_round(verified, accepted, confidence is not None, round_s)
+        if confidence is not None:
             survival = [list(accumulate(c, mul)) for c in confidence]
             self.gate.observe(survival, verified, accepted)
