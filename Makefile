@@ -200,21 +200,27 @@ smollm2-large-data: setup
 # epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS;
 # every block verified in full, so tau is the draft's acceptance, not a machine's verify choice).
 # Training runs in chunks of TRAIN_MIN minutes (trainer.stop_after_min; 0: to the end): rerun
-# `make smollm2-point N=...` after `Error 75` to resume it from its checkpoint.
+# `make smollm2-point N=...` after `Error 75` to resume it from its checkpoint. A point whose
+# training finished (its results.json) is not trained again, and its feature cache (~1.9 GB
+# per 1,000 rows) is deleted then, so the curve's points fit one disk; KEEP_POINT_FEATURES=1
+# keeps it.
 N ?= 1500
 CURVE_PROMPTS ?= 16
 TRAIN_MIN ?= 30
+KEEP_POINT_FEATURES ?= 0
 CURVE := runs/curve
-POINT := $(LARGE)/points/n$(N)
 CURVE_SETS := [gsm8k,humaneval,mt-bench,mbpp,math500]
-smollm2-point: setup
+$(CURVE)/n%/results.json:
 	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --partial \
-		--input $(LARGE)/answers/regenerated.jsonl --limit $(N) --output $(POINT)/tokenized
-	$(CACHE) --data $(POINT)/tokenized --output $(POINT)/features
-	$(PY) train/distill.py recipe=smollm2 data.train=$(POINT)/tokenized \
-		data.features=$(POINT)/features data.eval=$(LARGE)/embedded_test/tokenized \
-		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$(N) \
+		--input $(LARGE)/answers/regenerated.jsonl --limit $* --output $(LARGE)/points/n$*/tokenized
+	$(CACHE) --data $(LARGE)/points/n$*/tokenized --output $(LARGE)/points/n$*/features
+	$(PY) train/distill.py recipe=smollm2 data.train=$(LARGE)/points/n$*/tokenized \
+		data.features=$(LARGE)/points/n$*/features data.eval=$(LARGE)/embedded_test/tokenized \
+		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$* \
 		trainer.stop_after_min=$(TRAIN_MIN)
+	$(if $(filter 1,$(KEEP_POINT_FEATURES)),,rm -rf $(LARGE)/points/n$*/features)
+smollm2-point: setup
+	$(MAKE) --no-print-directory $(CURVE)/n$(N)/results.json
 	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft datasets=$(CURVE_SETS) \
 		num_prompts=$(CURVE_PROMPTS) max_new_tokens=128 verify_length=full baselines.run=[] \
 		output_dir=$(CURVE)/n$(N)/benchmark
