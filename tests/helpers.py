@@ -153,6 +153,16 @@ def prompts_for(vocab, lengths, seed):
     return [torch.randint(0, vocab - 2, (n,), generator=g).tolist() for n in lengths]
 
 
+def oracle_case(model, seed: int, max_new: int, lengths=(5, 8, 3), gamma: int = 4):
+    """`(prompts, greedy references, OracleDraft)` for three seeded prompts: a draft that
+    proposes the target's own greedy continuation (its acceptance is scripted by its seed)."""
+    vocab = model.config.vocab_size
+    prompts = prompts_for(vocab, lengths, seed)
+    refs = [greedy_reference(model, p, max_new) for p in prompts]
+    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=gamma, seed=3)
+    return prompts, refs, draft
+
+
 class Recorder(DecodeObserver):
     """The decoder's test hook: the request each live row serves this round; with
     `keep_caches`, each finished request's final (target cache, context cache, row)."""

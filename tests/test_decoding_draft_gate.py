@@ -4,7 +4,7 @@ its state across `generate` calls in the decoder (still lossless)."""
 from __future__ import annotations
 
 import pytest
-from helpers import OracleDraft, greedy_reference, prompts_for
+from helpers import oracle_case
 
 from dspark.decoding import DecoderOptions, SpeculativeDecoder, VerifyPolicy
 from dspark.decoding.draft_gate import DraftGate, expected_tokens_per_s
@@ -79,10 +79,7 @@ def _sched_profile(draft_times, gamma=4):
 
 def test_decoder_gate_state_outlives_a_call_and_stays_lossless(tiny_target):
     model, _ = tiny_target("qwen2")
-    vocab = model.config.vocab_size
-    prompts = prompts_for(vocab, (5, 8, 3), 43)
-    refs = [greedy_reference(model, p, 30) for p in prompts]
-    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=3)
+    prompts, refs, draft = oracle_case(model, seed=43, max_new=30)
     # drafting costs 50 s at 2+ rows (never pays), nothing at 1 row (pays whenever drafts do)
     dec = SpeculativeDecoder(
         model,
@@ -198,10 +195,7 @@ def test_realized_gain_vetoes_what_the_survivals_promise():
 
 def test_the_decoder_times_every_round_for_the_gate(tiny_target):
     model, _ = tiny_target("qwen2")
-    vocab = model.config.vocab_size
-    prompts = prompts_for(vocab, (5, 8, 3), 44)
-    refs = [greedy_reference(model, p, 20) for p in prompts]
-    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=3)
+    prompts, refs, draft = oracle_case(model, seed=44, max_new=20)
     # drafting never pays at 2+ rows: a drafted first round, then back-offs and probes
     policy = VerifyPolicy(
         "scheduler",

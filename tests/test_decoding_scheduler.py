@@ -14,6 +14,7 @@ from helpers import (
     chisquare,
     exact_joint,
     greedy_reference,
+    oracle_case,
     prompts_for,
 )
 from torch import nn
@@ -136,10 +137,7 @@ def _profile(fixed: float, per_token: float, gamma: int, draft_s: float | None =
 
 def test_scheduler_skips_unprofitable_drafts_losslessly(tiny_target):
     model, _ = tiny_target("qwen2")
-    vocab = model.config.vocab_size
-    prompts = prompts_for(vocab, (5, 8, 3), 43)
-    refs = [greedy_reference(model, p, 30) for p in prompts]
-    draft = OracleDraft([p + r for p, r in zip(prompts, refs)], vocab, gamma=4, seed=3)
+    prompts, refs, draft = oracle_case(model, seed=43, max_new=30)
     for draft_s, max_interval, expect in (
         (50.0, 64, [0] + [1] * 3 + [0] + [1] * 6 + [0] + [1] * 12 + [0]),  # back-off doubles
         (50.0, 3, [0] + [1] * 3 + [0] + [1] * 3 + [0] + [1] * 3 + [0]),  # capped: fixed
