@@ -12,6 +12,7 @@ from helpers import OracleDraft, greedy_reference, prompts_for
 from dspark.bench import load_sweep as ls
 from dspark.bench import simulate as sim
 from dspark.bench.sps_plot import plot_profile, profile_markdown
+from dspark.decoding.output import GenerationOutput
 from dspark.decoding.sps import Roofline, SPSProfile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,8 +191,6 @@ def test_sweep_repeats_keep_the_median_repeat(tiny_target, tmp_path):
 
 
 def test_full_load_throughput_leaves_out_the_closed_batchs_tail():
-    from dspark.decoding.output import GenerationOutput
-
     out = GenerationOutput.empty(2)
     out.new_tokens, out.finish_s = [9, 9], [1.0, 1.5]
     out.wall_time_s, out.prefill_s = 1.5, 0.1
