@@ -34,18 +34,18 @@ loss. The round's price is the profile's `draft_time(R)`, measured with the draf
   does not, a back-off starts: the next `skip` rounds are AR steps (no draft), then one probe
   round drafts again and its survivals replace the prior (the requests now live may differ
   from those the average was made of). Each failed probe doubles `skip` (up to
-  `max_interval`); a round that pays resets it to `interval`. `skip` is kept per load (power-of-two bands of live requests: that drafting
-  pays at load 1 says nothing about load 64); a load seen for the first time starts from the
-  longest back-off of the lower loads; and it is never shorter than keeps probes under
-  `probe_budget` of the AR time (a probe costs a draft round, ~1 AR step at 64 requests on a
-  CPU).
+  `max_interval`); a round that pays resets it to `interval`. `skip` is kept per load
+  (power-of-two bands of live requests: that drafting pays at load 1 says nothing about load
+  64); a load seen for the first time starts from the longest back-off of the lower loads;
+  and it is never shorter than keeps probes under `probe_budget` of the AR time (a probe
+  costs a draft round, ~1 AR step at 64 requests on a CPU).
 - Its state outlives a `generate` call, as a server's decoder learns its traffic; `reset()`
   forgets it.
 
 Losslessness: whether a round drafts is decided before it from earlier rounds only (their
-survivals, acceptance counts and wall times), never from the target's outputs of the round being decided,
-so the committed tokens keep the target's distribution; within a round the scheduler decides
-the verified prefix from the draft alone, as before.
+survivals, acceptance counts and wall times), never from the target's outputs of the round
+being decided, so the committed tokens keep the target's distribution; within a round the
+scheduler decides the verified prefix from the draft alone, as before.
 """
 
 from __future__ import annotations
@@ -59,15 +59,6 @@ from dspark.decoding.scheduler import SCHEDULERS
 from dspark.decoding.sps import SPSProfile
 
 
-def drafted_round_s(lengths: Sequence[int], profile: SPSProfile, ragged: bool = False) -> float:
-    """The profile's price of a drafted round verifying `lengths [R]` drafts per request:
-    draft time(R) + verify time(R, width), width = 1 + max l (padded pass) or (R + sum l) / R
-    (ragged)."""
-    live = len(lengths)
-    width = (live + sum(lengths)) / live if ragged else 1 + max(lengths)
-    return profile.draft_time(live) + profile.step_time(live, width)
-
-
 def expected_tokens_per_s(
     survival: Sequence[Sequence[float]],
     lengths: Sequence[int],
@@ -77,12 +68,14 @@ def expected_tokens_per_s(
     """`(with the draft, plain AR)` expected committed tokens per second for one round.
 
     survival `[R][gamma]` (a_{r,j} = prod_{i<=j} c_{r,i}), lengths `[R]` drafts verified per
-    request. With the draft: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}) over `drafted_round_s`;
-    AR: R tokens per verify time(R, 1).
+    request. With the draft: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}) over draft time(R) + verify
+    time(R, width), width = 1 + max l (padded pass) or (R + sum l) / R (ragged); AR: R tokens
+    per verify time(R, 1).
     """
     live = len(lengths)
     tau = float(live) + sum(sum(a[:n]) for a, n in zip(survival, lengths))
-    t_spec = drafted_round_s(lengths, profile, ragged)
+    width = (live + sum(lengths)) / live if ragged else 1 + max(lengths)
+    t_spec = profile.draft_time(live) + profile.step_time(live, width)
     return tau / t_spec, live / profile.step_time(live, 1)
 
 
