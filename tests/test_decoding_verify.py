@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dspark.decoding.output import GenerationOutput
-from dspark.decoding.sampling import sample, warp
+from dspark.decoding.sampling import NUCLEUS_FIRST_K, sample, warp
 from dspark.decoding.verify import verify_greedy, verify_sampled
 
 
@@ -47,6 +47,34 @@ def test_warp_top_k_top_p():
     torch.testing.assert_close(p[:2], full[:2] / full[:2].sum())
     assert (warp(logits, 1.0, top_p=0.01)[0, 1:] == 0).all()  # always keeps one
     torch.testing.assert_close(warp(logits, 2.0)[0], (logits / 2).softmax(-1)[0])
+
+
+def _nucleus_by_sort(logits, top_p):
+    """The top-p cut as usually written (a full sort), the reference for `warp`'s."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(-1)
+    drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+    drop = torch.zeros_like(drop).scatter(-1, order, drop)
+    return logits.masked_fill(drop, float("-inf")).softmax(-1)
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.95, 0.999])
+def test_warp_top_p_equals_a_full_sort(top_p):
+    g = torch.Generator().manual_seed(3)
+    vocab = 3000  # > NUCLEUS_FIRST_K, so the flat rows' nucleus needs the widened search
+    logits = torch.randn(6, vocab, generator=g) * torch.tensor(
+        [[4.0], [2.0], [1.0], [0.3], [0.05], [0.01]]
+    )
+    logits[0, :5] += 10.0  # one peaked row: the nucleus is a few tokens
+    got, want = warp(logits, 1.0, top_p=top_p), _nucleus_by_sort(logits, top_p)
+    assert torch.equal(got > 0, want > 0)
+    torch.testing.assert_close(got, want)
+    assert (got[5] > 0).sum() > NUCLEUS_FIRST_K  # a near-flat row: the search was widened
+    cut = warp(logits, 1.0, top_k=40, top_p=top_p)  # top-k first, then the nucleus of what is left
+    assert ((cut > 0).sum(-1)[:5] <= 40).all()
+    torch.testing.assert_close(
+        cut[:5], _nucleus_by_sort(warp(logits, 1.0, top_k=40).log()[:5], top_p)
+    )
 
 
 def _random_dist(g, *shape, sparsity=0.3):
