@@ -69,13 +69,26 @@ def read_point(run: Path) -> dict:
 
 
 def data_cpu_hours(build: Path | None, n: int) -> float | None:
-    """The build's regeneration CPU-hours (wall x threads over its steps) prorated to n rows."""
+    """The build's regeneration CPU-hours prorated to n rows.
+
+    A step's CPU seconds are its own process CPU time (`cpu_s`) where recorded. A step without
+    it is priced by its tokens at the build's fastest rate per thread, a lower bound: its wall
+    time would also count the time it sat paused or shared the cores.
+    """
     if build is None or not (build / "runs.jsonl").is_file():
         return None
     steps = [json.loads(x) for x in (build / "runs.jsonl").read_text().splitlines() if x.strip()]
     rows = sum(s.get("rows_done", 0) for s in steps)
-    cpu_s = sum(s.get("elapsed_s", 0.0) * (s.get("threads") or 1) for s in steps)
-    return None if rows == 0 else cpu_s * min(n, rows) / rows / 3600
+    per_core = [s["tokens_per_s"] / (s.get("threads") or 1) for s in steps if s.get("tokens_per_s")]
+
+    def cpu_s(s: dict) -> float:
+        if "cpu_s" in s:
+            return s["cpu_s"]
+        if s.get("generated_tokens") and per_core:
+            return s["generated_tokens"] / max(per_core)
+        return s.get("elapsed_s", 0.0) * (s.get("threads") or 1)
+
+    return None if rows == 0 else sum(map(cpu_s, steps)) * min(n, rows) / rows / 3600
 
 
 def doubling_gain(points: list[dict], key) -> float | None:

@@ -41,22 +41,29 @@ def test_the_curve_from_its_points(tmp_path):
     _point(tmp_path, 3000, 2.00, {"gsm8k": 2.3, "mt-bench": 1.4}, 5400.0)
     build = tmp_path / "build"
     build.mkdir()
-    (build / "runs.jsonl").write_text(
-        json.dumps({"rows_done": 4000, "elapsed_s": 3600.0, "threads": 2})
-        + "\n"
-        + json.dumps({"rows_done": 2000, "elapsed_s": 1800.0, "threads": 2})
-        + "\n"
-    )  # 6000 rows in 3 CPU-hours: 0.5 CPU-h per 1000 rows
+    steps = [
+        {"rows_done": 3000, "elapsed_s": 3600.0, "threads": 2, "cpu_s": 5400.0},  # crowded: 1.5 CPU-h
+        # no CPU time recorded: its 2M tokens at the fastest rate (400 tok/s on 2 threads,
+        # 200 per core) are 10,000 CPU-s, whatever its wall time (paused half of it)
+        {"rows_done": 2000, "elapsed_s": 10000.0, "threads": 2, "generated_tokens": 2_000_000,
+         "tokens_per_s": 200.0},
+        {"rows_done": 1000, "elapsed_s": 1000.0, "threads": 2, "generated_tokens": 400_000,
+         "tokens_per_s": 400.0},  # 2,000 CPU-s
+    ]  # fmt: skip
+    (build / "runs.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    # 6000 rows in 5400 + 10000 + 2000 = 17,400 CPU-s: 4.833 CPU-h
     data_curve.main([str(tmp_path), "--build", str(build)])
     curve = json.loads((tmp_path / "report" / "curve.json").read_text())
     assert [p["n"] for p in curve["points"]] == [1500, 3000, 6000]
-    assert [p["data_cpu_h"] for p in curve["points"]] == pytest.approx([0.75, 1.5, 3.0])
+    assert [p["data_cpu_h"] for p in curve["points"]] == pytest.approx(
+        [4.8333 / 4, 4.8333 / 2, 4.8333], rel=1e-3
+    )
     # the last doubling (3000 -> 6000): +0.10 held-out, +0.2 gsm8k, +0.1 mt-bench
     assert curve["doubling_gain"] == pytest.approx({"held-out": 0.1, "gsm8k": 0.2, "mt-bench": 0.1})
     md = (tmp_path / "report" / "curve.md").read_text()
     assert [p["train_tau_greedy"] for p in curve["points"]] == pytest.approx([2.0, 2.2, 2.3])
     assert [p["limit"] for p in curve["points"]] == ["data"] * 3
-    assert "| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 3.00 | 2.00 |" in md
+    assert "| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 4.83 | 2.00 |" in md
     assert (tmp_path / "report" / "curve.png").stat().st_size > 0
 
 

@@ -83,6 +83,7 @@ def test_multi_turn_feeds_back_own_answers(backend, tmp_path):
     assert stats["generated_tokens"] == sum(r["generated_tokens"] for r in rows) > 0
     summary = json.loads((tmp_path / SUMMARY).read_text())
     assert summary["tokens_per_s"] > 0 and summary["rows_in_output"] == len(PROMPTS)
+    assert 0 < summary["cpu_s"]  # the process's CPU time: the build's CPU-hours add these up
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,7 @@ def regenerate(
         "complete": False,
     }
     write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")  # until it ends
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     bar = tqdm(
         total=len(todo), unit="row", disable=not progress, dynamic_ncols=True, desc="regenerate"
     )
@@ -149,6 +149,8 @@ def regenerate(
     elapsed = time.monotonic() - t0
     stats.update(
         elapsed_s=round(elapsed, 3),
+        # this process's CPU seconds, all threads: a paused or crowded run's wall time overstates them
+        cpu_s=round(time.process_time() - cpu0, 3),
         tokens_per_s=round(stats["generated_tokens"] / max(elapsed, 1e-9), 2),
         rows_in_output=len(repair_and_read(out / OUTPUT)),
         output=str(out / OUTPUT),
