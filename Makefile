@@ -224,7 +224,8 @@ smollm2-point: setup
 	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft datasets=$(CURVE_SETS) \
 		num_prompts=$(CURVE_PROMPTS) max_new_tokens=128 verify_length=full baselines.run=[] \
 		output_dir=$(CURVE)/n$(N)/benchmark
-	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers
+	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers --mix $(LARGE)/mix.jsonl \
+		--prompt-set chat=$(LARGE)/magpie_chat --prompt-set code=$(LARGE)/magpie_code
 
 # The larger SmolLM2 draft: the curve's largest point (LARGE_ROWS answered conversations, the
 # same recipe and epochs; resumable as above), benchmarked as `make smollm2` is on five sets,

@@ -5,8 +5,9 @@ run directory; one table, one PNG, and what the next doubling of data would buy.
     python eval/data_curve.py runs/curve --output runs/curve/report
 
 Per point (RUN_ROOT/n<N>/): held-out `tau_greedy` (training's results.json), decoder tau per
-bench set (benchmark/results.json), the training's wall seconds, and the data's CPU-hours, the
-build's regeneration time (its runs.jsonl) prorated to N rows. The last doubling's gain in tau
+bench set (benchmark/results.json), the training's wall seconds, and the data's CPU-hours: the
+answering runs' (--build, its runs.jsonl) prorated to N rows, and the sampling of the
+target-written prompts those rows use (--mix, --prompt-set). The last doubling's gain in tau
 per set is the slope the report quotes. What limits a point: the draft's tau on its own
 training rows in the last epoch (blocks-weighted over metrics.jsonl) against held-out. A draft
 that does no better on rows it has seen five times than on new ones (gap < FIT_GAP) cannot be
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 from dspark.errors import BadInputError, user_errors
+from dspark.fileio import dumps_strict, write_text_atomic
 
 # tau on the training rows minus held-out tau below which a point counts as capacity-limited
 FIT_GAP = 0.05
@@ -68,27 +70,66 @@ def read_point(run: Path) -> dict:
     return point
 
 
-def data_cpu_hours(build: Path | None, n: int) -> float | None:
-    """The build's regeneration CPU-hours prorated to n rows.
+def runs_cpu_s(runs: Path, unit: str) -> tuple[float, int]:
+    """CPU seconds and rows of every run in a data step's runs.jsonl.
 
-    A step's CPU seconds are its own process CPU time (`cpu_s`) where recorded. A step without
-    it is priced by its tokens at the build's fastest rate per thread, a lower bound: its wall
-    time would also count the time it sat paused or shared the cores.
+    A run's CPU seconds are its own process CPU time (`cpu_s`) where recorded. A run without it
+    is priced by its work (`unit`: its tokens, or rows) at the fastest rate per thread of the
+    step's runs, a lower bound: its wall time would also count the time it sat paused or shared
+    the cores.
     """
-    if build is None or not (build / "runs.jsonl").is_file():
-        return None
-    steps = [json.loads(x) for x in (build / "runs.jsonl").read_text().splitlines() if x.strip()]
-    rows = sum(s.get("rows_done", 0) for s in steps)
-    per_core = [s["tokens_per_s"] / (s.get("threads") or 1) for s in steps if s.get("tokens_per_s")]
+    steps = [json.loads(x) for x in runs.read_text().splitlines() if x.strip()]
+
+    def thread_s(s: dict) -> float:
+        return s.get("elapsed_s", 0.0) * (s.get("threads") or 1)
+
+    fastest = max((s[unit] / thread_s(s) for s in steps if s.get(unit) and thread_s(s)), default=0)
 
     def cpu_s(s: dict) -> float:
         if "cpu_s" in s:
             return s["cpu_s"]
-        if s.get("generated_tokens") and per_core:
-            return s["generated_tokens"] / max(per_core)
-        return s.get("elapsed_s", 0.0) * (s.get("threads") or 1)
+        return s[unit] / fastest if s.get(unit) and fastest else thread_s(s)
 
-    return None if rows == 0 else sum(map(cpu_s, steps)) * min(n, rows) / rows / 3600
+    rows = sum(s.get("rows_done", s.get("generated_this_run", 0)) for s in steps)
+    return sum(map(cpu_s, steps)), rows
+
+
+def answers_cpu_hours(answers: Path | None, n: int) -> float | None:
+    """The build's answering CPU-hours (its runs.jsonl) prorated to the first n rows: CPU per
+    row over the runs on record, times n."""
+    if answers is None or not (answers / "runs.jsonl").is_file():
+        return None
+    cpu_s, rows = runs_cpu_s(answers / "runs.jsonl", "generated_tokens")
+    return None if rows == 0 else cpu_s / rows * n / 3600
+
+
+def prompts_cpu_hours(mix: Path | None, prompt_sets: dict[str, Path], n: int) -> float | None:
+    """CPU-hours of sampling the target-written prompts the first n rows of the mix use: per
+    source, its sampling CPU time per prompt kept, times those among the n rows."""
+    if mix is None or not prompt_sets:
+        return None
+    used: dict[str, int] = {}
+    with open(mix, encoding="utf-8") as f:
+        for line, _ in zip(f, range(n)):
+            source = json.loads(line)["source"]
+            used[source] = used.get(source, 0) + 1
+    total = 0.0
+    for source, folder in prompt_sets.items():
+        summary = json.loads((folder / "summary.json").read_text())
+        # CPU per sample over the runs on record (a set may predate its runs.jsonl), times the
+        # samples drawn per prompt kept
+        cpu_s, sampled = runs_cpu_s(folder / "runs.jsonl", "generated_this_run")
+        per_kept = cpu_s / max(sampled, 1) * summary["generated"] / max(summary["kept"], 1)
+        total += per_kept * used.get(source, 0)
+    return total / 3600
+
+
+def _source_dir(arg: str) -> tuple[str, Path]:
+    source, sep, folder = arg.partition("=")
+    if not sep or not (Path(folder) / "runs.jsonl").is_file():
+        raise BadInputError(f"--prompt-set {arg}: expected SOURCE=DIR, DIR a prompt set with a "
+                            "runs.jsonl (magpie_prompts.py --output DIR)")  # fmt: skip
+    return source, Path(folder)
 
 
 def doubling_gain(points: list[dict], key) -> float | None:
@@ -105,14 +146,15 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         return "" if v is None else format(v, spec)
 
     head = ("| N | steps | held-out tau_greedy | train tau_greedy (last epoch) | limit | "
-            + " | ".join(sets) + " | data CPU-h | train h |")  # fmt: skip
-    lines = ["# tau against data", "", head, "|" + "---|" * (len(sets) + 7)]
+            + " | ".join(sets) + " | prompts CPU-h | answers CPU-h | train h |")  # fmt: skip
+    lines = ["# tau against data", "", head, "|" + "---|" * (len(sets) + 8)]
     for p in points:
         taus = " | ".join(f(p["tau"].get(s), ".2f") for s in sets)
         tr = p.get("train_s")
         lines.append(f"| {p['n']} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
                      f"{f(p.get('train_tau_greedy'), '.3f')} | {p.get('limit') or ''} | {taus} | "
-                     f"{f(p.get('data_cpu_h'), '.2f')} | {f(None if tr is None else tr / 3600, '.2f')} |")  # fmt: skip
+                     f"{f(p.get('prompts_cpu_h'), '.2f')} | {f(p.get('answers_cpu_h'), '.2f')} | "
+                     f"{f(None if tr is None else tr / 3600, '.2f')} |")  # fmt: skip
     lines += ["", "tau gained by the last doubling of data: " + ", ".join(
         f"{k} {v:+.3f}" for k, v in gains.items() if v is not None) + ".",
         f"limit: `data` where the draft's tau on its training rows (last epoch) exceeds held-out "
@@ -124,6 +166,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="the folder holding one n<N>/ run directory per point")
     ap.add_argument("--build", default=None, help="the data build's answers (its runs.jsonl)")
+    ap.add_argument("--mix", default=None, help="the build's prompt mix (mix.jsonl)")
+    ap.add_argument("--prompt-set", action="append", default=[], metavar="SOURCE=DIR",
+                    help="a target-written prompt set of the mix (magpie_prompts.py's output)")  # fmt: skip
     ap.add_argument("--output", default=None, help="default: ROOT/report")
     a = ap.parse_args(argv)
     with user_errors("data_curve"):
@@ -134,15 +179,17 @@ def main(argv=None) -> None:
             raise BadInputError(f"{root} holds no n<N>/results.json: train a point first "
                                 "(make smollm2-point N=1500)")  # fmt: skip
         points = [read_point(r) for r in runs]
+        prompt_sets = dict(_source_dir(x) for x in a.prompt_set)
         for p in points:
-            p["data_cpu_h"] = data_cpu_hours(Path(a.build) if a.build else None, p["n"])
+            p["answers_cpu_h"] = answers_cpu_hours(Path(a.build) if a.build else None, p["n"])
+            p["prompts_cpu_h"] = prompts_cpu_hours(
+                Path(a.mix) if a.mix else None, prompt_sets, p["n"]
+            )
         sets = sorted({s for p in points for s in p["tau"]})
         gains = {"held-out": doubling_gain(points, lambda p: p.get("held_out_tau_greedy"))}
         gains.update({s: doubling_gain(points, lambda p, s=s: p["tau"].get(s)) for s in sets})
         out = Path(a.output or root / "report")
         out.mkdir(parents=True, exist_ok=True)
-        from dspark.fileio import dumps_strict, write_text_atomic
-
         write_text_atomic(out / "curve.json", dumps_strict(
             {"points": points, "doubling_gain": gains}, indent=2) + "\n")  # fmt: skip
         report = write_text_atomic(out / "curve.md", render(points, sets, gains))

@@ -1,5 +1,6 @@
-"""The tau-versus-data report from point run directories written by hand: the table, the data
-CPU-hours prorated from a build's runs.jsonl, and the last doubling's gain."""
+"""The tau-versus-data report from point run directories written by hand: the table, the
+CPU-hours of the answers and prompts prorated from the build's runs.jsonl files, and the last
+doubling's gain."""
 
 from __future__ import annotations
 
@@ -52,19 +53,41 @@ def test_the_curve_from_its_points(tmp_path):
     ]  # fmt: skip
     (build / "runs.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
     # 6000 rows in 5400 + 10000 + 2000 = 17,400 CPU-s: 4.833 CPU-h
-    data_curve.main([str(tmp_path), "--build", str(build)])
+    # the prompts: every third row of the mix is a target-written chat prompt; the chat set kept
+    # 4,000 prompts for 1,800 CPU-s (recorded) + 2,000 rows at the fastest 1 row per thread-s
+    mix = tmp_path / "mix.jsonl"
+    mix.write_text("".join(json.dumps({"source": "chat" if i % 3 == 0 else "math"}) + "\n"
+                           for i in range(6000)))  # fmt: skip
+    chat = tmp_path / "magpie_chat"
+    chat.mkdir()
+    (chat / "summary.json").write_text(json.dumps({"generated": 5000, "kept": 4000}))
+    (chat / "runs.jsonl").write_text(
+        json.dumps({"generated_this_run": 2000, "elapsed_s": 1000.0, "threads": 2, "cpu_s": 1800.0})
+        + "\n"
+        + json.dumps({"generated_this_run": 2000, "elapsed_s": 4000.0, "threads": 2})  # paused
+        + "\n"
+    )  # 3,800 CPU-s for the 4,000 samples on record: 0.95 CPU-s each; 5 samples per 4 kept
+    # (1,000 sampled before runs.jsonl), so 1.1875 CPU-s a prompt; 2,000 in the first 6,000 rows
+    data_curve.main([str(tmp_path), "--build", str(build), "--mix", str(mix),
+                     "--prompt-set", f"chat={chat}"])  # fmt: skip
     curve = json.loads((tmp_path / "report" / "curve.json").read_text())
     assert [p["n"] for p in curve["points"]] == [1500, 3000, 6000]
-    assert [p["data_cpu_h"] for p in curve["points"]] == pytest.approx(
+    assert [p["answers_cpu_h"] for p in curve["points"]] == pytest.approx(
         [4.8333 / 4, 4.8333 / 2, 4.8333], rel=1e-3
+    )
+    assert [p["prompts_cpu_h"] for p in curve["points"]] == pytest.approx(
+        [2375 / 3600 / 4, 2375 / 3600 / 2, 2375 / 3600], rel=1e-3
     )
     # the last doubling (3000 -> 6000): +0.10 held-out, +0.2 gsm8k, +0.1 mt-bench
     assert curve["doubling_gain"] == pytest.approx({"held-out": 0.1, "gsm8k": 0.2, "mt-bench": 0.1})
     md = (tmp_path / "report" / "curve.md").read_text()
     assert [p["train_tau_greedy"] for p in curve["points"]] == pytest.approx([2.0, 2.2, 2.3])
     assert [p["limit"] for p in curve["points"]] == ["data"] * 3
-    assert "| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 4.83 | 2.00 |" in md
+    assert "| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 0.66 | 4.83 | 2.00 |" in md
     assert (tmp_path / "report" / "curve.png").stat().st_size > 0
+    with pytest.raises(SystemExit) as e:  # a prompt set given without its source name
+        data_curve.main([str(tmp_path), "--mix", str(mix), "--prompt-set", str(chat)])
+    assert e.value.code == 2
 
 
 def test_a_draft_no_better_on_its_training_rows_is_capacity_limited(tmp_path):

@@ -444,3 +444,4 @@ def test_each_run_is_a_line_and_each_new_sample_names_its_generator(tiny_target,
     assert [r["generated_this_run"] for r in runs] == [4, 4]
     assert runs[1]["generator"] == "llama-cpp:t.gguf" and runs[1]["engine"] == "fake"
     assert runs[1]["generated"] == 8 and runs[1]["complete"] is True
+    assert all(r["cpu_s"] > 0 and r["generated_tokens_this_run"] > 0 for r in runs)  # its cost

@@ -339,7 +339,7 @@ def generate_prompts(
     if not (out / RUN).exists():
         write_text_atomic(out / RUN, json.dumps(settings, indent=2) + "\n")
     done = read_samples(out / SAMPLES)
-    t0, failed, new, tokens = time.monotonic(), 0, 0, 0
+    t0, cpu0, failed, new, tokens = time.monotonic(), time.process_time(), 0, 0, 0
     with open(out / SAMPLES, "a", encoding="utf-8") as f:
         # Fixed chunks of consecutive indices, as in regeneration: a resumed run hands the
         # backend the same groups an uninterrupted one would have.
@@ -385,10 +385,14 @@ def generate_prompts(
         "diversity": prompt_diversity([r["turns"][0] for r in sel.kept]),
         "filters": asdict(filters),
         "elapsed_s": round(time.monotonic() - t0, 3),
+        # this process's CPU seconds (all threads): wall time overstates a paused or crowded run
+        "cpu_s": round(time.process_time() - cpu0, 3),
+        "generated_tokens_this_run": tokens,
         "output": str(out / PROMPTS),
     }
     write_text_atomic(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
-    keys = ("generated", "generated_this_run", "failed_this_run", "elapsed_s", "complete")
+    keys = ("generated", "generated_this_run", "generated_tokens_this_run", "failed_this_run",
+            "elapsed_s", "cpu_s", "complete")  # fmt: skip
     run = {**{k: summary[k] for k in keys}, "generator": generator, **(conditions or {})}
     with open(out / RUNS, "a", encoding="utf-8") as f:  # every run's cost: a build's CPU-hours
         f.write(json.dumps(run) + "\n")
