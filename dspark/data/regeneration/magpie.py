@@ -385,20 +385,16 @@ def generate_prompts(
         "diversity": prompt_diversity([r["turns"][0] for r in sel.kept]),
         "filters": asdict(filters),
         "elapsed_s": round(time.monotonic() - t0, 3),
-        # this process's CPU seconds (all threads): wall time overstates a paused or crowded run
-        "cpu_s": round(time.process_time() - cpu0, 3),
-        "generated_tokens_this_run": tokens,
+        "cpu_s": round(time.process_time() - cpu0, 3),  # all threads; wall time counts pauses
         "output": str(out / PROMPTS),
     }
     write_text_atomic(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
-    keys = ("generated", "generated_this_run", "generated_tokens_this_run", "failed_this_run",
-            "elapsed_s", "cpu_s", "complete")  # fmt: skip
-    run = {**{k: summary[k] for k in keys}, "generator": generator, **(conditions or {})}
+    keys = "generated generated_this_run failed_this_run elapsed_s cpu_s complete"
+    run = {k: summary[k] for k in keys.split()} | {"generated_tokens_this_run": tokens}
+    run.update(generator=generator, **(conditions or {}))
     with open(out / RUNS, "a", encoding="utf-8") as f:  # every run's cost: a build's CPU-hours
         f.write(json.dumps(run) + "\n")
     if log:
-        log(
-            f"magpie: {summary['kept']} of {summary['generated']} prompts kept "
-            f"(rejected: {summary['rejected'] or 'none'}) -> {out / PROMPTS}"
-        )
+        log(f"magpie: {summary['kept']} of {summary['generated']} prompts kept (rejected: "
+            f"{summary['rejected'] or 'none'}) -> {out / PROMPTS}")  # fmt: skip
     return summary
