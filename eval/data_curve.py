@@ -70,13 +70,13 @@ def read_point(run: Path) -> dict:
     return point
 
 
-def runs_cpu_s(runs: Path, unit: str) -> tuple[float, int]:
-    """CPU seconds and rows of every run in a data step's runs.jsonl.
+def runs_cpu_s(runs: Path, unit: str, rows_key: str) -> float | None:
+    """CPU seconds per row (`rows_key`) over every run in a data step's runs.jsonl.
 
     A run's CPU seconds are its own process CPU time (`cpu_s`) where recorded. A run without it
     is priced by its work (`unit`: its tokens, or rows) at the fastest rate per thread of the
     step's runs, a lower bound: its wall time would also count the time it sat paused or shared
-    the cores.
+    the cores. Rows: those of the runs on record (a set may predate its runs.jsonl).
     """
     steps = [json.loads(x) for x in runs.read_text().splitlines() if x.strip()]
 
@@ -90,38 +90,38 @@ def runs_cpu_s(runs: Path, unit: str) -> tuple[float, int]:
             return s["cpu_s"]
         return s[unit] / fastest if s.get(unit) and fastest else thread_s(s)
 
-    rows = sum(s.get("rows_done", s.get("generated_this_run", 0)) for s in steps)
-    return sum(map(cpu_s, steps)), rows
+    rows = sum(s.get(rows_key, 0) for s in steps)
+    return sum(map(cpu_s, steps)) / rows if rows else None
 
 
-def answers_cpu_hours(answers: Path | None, n: int) -> float | None:
-    """The build's answering CPU-hours (its runs.jsonl) prorated to the first n rows: CPU per
-    row over the runs on record, times n."""
-    if answers is None or not (answers / "runs.jsonl").is_file():
-        return None
-    cpu_s, rows = runs_cpu_s(answers / "runs.jsonl", "generated_tokens")
-    return None if rows == 0 else cpu_s / rows * n / 3600
+def prompt_cpu_s(folder: Path) -> float:
+    """CPU seconds a target-written prompt set spent per prompt it kept: per sample over the
+    runs on record, times the samples drawn per prompt kept."""
+    summary = json.loads((folder / "summary.json").read_text())
+    per_sample = runs_cpu_s(folder / "runs.jsonl", "generated_this_run", "generated_this_run")
+    return (per_sample or 0.0) * summary["generated"] / max(summary["kept"], 1)
 
 
-def prompts_cpu_hours(mix: Path | None, prompt_sets: dict[str, Path], n: int) -> float | None:
-    """CPU-hours of sampling the target-written prompts the first n rows of the mix use: per
-    source, its sampling CPU time per prompt kept, times those among the n rows."""
-    if mix is None or not prompt_sets:
-        return None
-    used: dict[str, int] = {}
+def mix_sources(mix: Path, n: int) -> list[str]:
+    """The `source` of each of the mix's first n rows."""
     with open(mix, encoding="utf-8") as f:
-        for line, _ in zip(f, range(n)):
-            source = json.loads(line)["source"]
-            used[source] = used.get(source, 0) + 1
-    total = 0.0
-    for source, folder in prompt_sets.items():
-        summary = json.loads((folder / "summary.json").read_text())
-        # CPU per sample over the runs on record (a set may predate its runs.jsonl), times the
-        # samples drawn per prompt kept
-        cpu_s, sampled = runs_cpu_s(folder / "runs.jsonl", "generated_this_run")
-        per_kept = cpu_s / max(sampled, 1) * summary["generated"] / max(summary["kept"], 1)
-        total += per_kept * used.get(source, 0)
-    return total / 3600
+        return [json.loads(line)["source"] for line, _ in zip(f, range(n))]
+
+
+def data_cpu_hours(points: list[dict], answers: Path | None, mix: Path | None,
+                   prompt_sets: dict[str, Path]) -> None:  # fmt: skip
+    """Set each point's `answers_cpu_h` (the build's answering CPU per row, times N) and
+    `prompts_cpu_h` (per source, its CPU per prompt kept, times those among the first N rows
+    of the mix); None where the build's files were not given."""
+    per_row = None
+    if answers is not None and (answers / "runs.jsonl").is_file():
+        per_row = runs_cpu_s(answers / "runs.jsonl", "generated_tokens", "rows_done")
+    per_prompt = {source: prompt_cpu_s(folder) for source, folder in prompt_sets.items()}
+    sources = mix_sources(mix, max(p["n"] for p in points)) if mix and per_prompt else None
+    for p in points:
+        p["answers_cpu_h"] = None if per_row is None else per_row * p["n"] / 3600
+        p["prompts_cpu_h"] = None if sources is None else sum(
+            per_prompt.get(s, 0.0) for s in sources[: p["n"]]) / 3600  # fmt: skip
 
 
 def _source_dir(arg: str) -> tuple[str, Path]:
@@ -180,11 +180,8 @@ def main(argv=None) -> None:
                                 "(make smollm2-point N=1500)")  # fmt: skip
         points = [read_point(r) for r in runs]
         prompt_sets = dict(_source_dir(x) for x in a.prompt_set)
-        for p in points:
-            p["answers_cpu_h"] = answers_cpu_hours(Path(a.build) if a.build else None, p["n"])
-            p["prompts_cpu_h"] = prompts_cpu_hours(
-                Path(a.mix) if a.mix else None, prompt_sets, p["n"]
-            )
+        data_cpu_hours(points, Path(a.build) if a.build else None,
+                       Path(a.mix) if a.mix else None, prompt_sets)  # fmt: skip
         sets = sorted({s for p in points for s in p["tau"]})
         gains = {"held-out": doubling_gain(points, lambda p: p.get("held_out_tau_greedy"))}
         gains.update({s: doubling_gain(points, lambda p, s=s: p["tau"].get(s)) for s in sets})
