@@ -202,18 +202,26 @@ smollm2-large-data: setup
 # Training runs in chunks of TRAIN_MIN minutes (trainer.stop_after_min; 0: to the end): rerun
 # `make smollm2-point N=...` after `Error 75` to resume it from its checkpoint. A point whose
 # training finished (its results.json) is not trained again, and its feature cache (~1.9 GB
-# per 1,000 rows) is deleted then, so the curve's points fit one disk; KEEP_POINT_FEATURES=1
-# keeps it.
+# per 1,000 rows) is deleted then, so the curve's points fit one disk. KEEP_POINT_FEATURES=1
+# keeps it for the next point: that point's cache links the shards over their shared first
+# rows instead of running the target on them again (cache_features.py --reuse-from), and
+# deletes the kept cache once its own is complete (the linked files stay).
 N ?= 1500
 CURVE_PROMPTS ?= 16
 TRAIN_MIN ?= 30
 KEEP_POINT_FEATURES ?= 0
 CURVE := runs/curve
 CURVE_SETS := [gsm8k,humaneval,mt-bench,mbpp,math500]
+# the feature caches other points kept (KEEP_POINT_FEATURES=1), but point $(1)'s own
+other_point_caches = $(filter-out $(LARGE)/points/n$(1)/features,\
+	$(patsubst %/manifest.json,%,$(wildcard $(LARGE)/points/n*/features/manifest.json)))
 $(CURVE)/n%/results.json:
 	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --partial \
 		--input $(LARGE)/answers/regenerated.jsonl --limit $* --output $(LARGE)/points/n$*/tokenized
-	$(CACHE) --data $(LARGE)/points/n$*/tokenized --output $(LARGE)/points/n$*/features
+	$(CACHE) --data $(LARGE)/points/n$*/tokenized --output $(LARGE)/points/n$*/features \
+		$(addprefix --reuse-from ,$(call other_point_caches,$*))
+	$(if $(filter 1,$(KEEP_POINT_FEATURES)),,$(if $(call other_point_caches,$*),\
+		rm -rf $(call other_point_caches,$*)))
 	$(PY) train/distill.py recipe=smollm2 data.train=$(LARGE)/points/n$*/tokenized \
 		data.features=$(LARGE)/points/n$*/features data.eval=$(LARGE)/embedded_test/tokenized \
 		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$* \

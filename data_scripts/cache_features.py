@@ -6,6 +6,10 @@
     python data_scripts/cache_features.py --target-config '{"hidden_size": 4096,
         "num_hidden_layers": 36}' --estimate-only          # Qwen3-8B size, no hub, no weights
 
+    python data_scripts/cache_features.py --target embedded --data BIGGER/tokenized \
+        --output BIGGER/features --reuse-from SMALLER/features   # a grown set: its first
+                                                               # shards linked, not recomputed
+
 Prints the size estimate first and refuses to start when the disk lacks room. Resumable: rerun
 the same command after a kill; finished shards are kept as they are. Format and what
 `--positions loss` keeps: dspark/data/features/feature_cache.py.
@@ -69,6 +73,14 @@ def _main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--shard-mb", type=float, default=fc.DEFAULT_SHARD_MB)
     p.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--reuse-from",
+        action="append",
+        default=[],
+        metavar="CACHE",
+        help="a feature cache of a set this one grew from (repeatable): its shards over the "
+        "same rows are linked instead of computed",
+    )
     p.add_argument("--estimate-only", action="store_true", help="print the size, write nothing")
     p.add_argument("--json", action="store_true", help="print the estimate as JSON too")
     a = p.parse_args(argv)
@@ -81,6 +93,8 @@ def _main(argv=None) -> int:
         check_device(p, a.device)
         fc.load_tokenized(a.data)
         fc.check_cache_output(a.output)
+        for cache in a.reuse_from:
+            fc.read_manifest(cache)
 
     dims = fc.target_dims(a.target_config or a.target)
     layer_ids = fc.resolve_layer_ids(dims["num_hidden_layers"], a.layer_ids, a.num_layers_tapped)
@@ -120,6 +134,7 @@ def _main(argv=None) -> int:
         positions=a.positions,
         batch_size=a.batch_size,
         shard_mb=a.shard_mb,
+        reuse_from=a.reuse_from,
     )
     size = sum(s["bytes"] for s in manifest["shards"])
     print(f"wrote {a.output}: {manifest['num_shards']} shards, {size / 2**20:.1f} MiB")

@@ -236,6 +236,16 @@ def test_cache_features_data_that_holds_a_tokenized_dir_asks_did_you_mean(
     assert f"did you mean --data {tokenized}?" in line
 
 
+def test_cache_features_reuse_from_a_dir_that_is_no_cache(
+    tmp_path, tokenized, tiny_target_dir, capsys
+):
+    tiny_target_dir("llama")
+    argv = ["--target", "tiny-llama", "--data", str(tokenized), "--output", str(tmp_path / "new")]
+    line = error_line(capsys, "cache_features", [*argv, "--reuse-from", str(tmp_path)])
+    assert f"{tmp_path} is not a feature cache (no manifest.json)" in line
+    assert not (tmp_path / "new").exists()
+
+
 def test_regenerate_with_other_settings_names_the_setting(regenerated, capsys):
     src, out, argv = regenerated
     line = error_line(capsys, "regenerate", [*argv, "--max-new-tokens", "5"])

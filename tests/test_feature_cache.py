@@ -137,6 +137,59 @@ def test_killed_writer_resumes_to_byte_identical_shards(tmp_path, tiny_sets, mon
         fc.write_cache(target, data, tmp_path / "split", **kw, dtype="fp32")
 
 
+def test_a_grown_set_links_the_shards_of_its_first_rows(tmp_path, tiny_target, monkeypatch, capsys):
+    target, tok = tiny_target("llama")
+    rows = make_rows(target.config.vocab_size, n=16, seed=3)
+    first = {k: v[:10] for k, v in rows.items()}
+    small, big = save_rows(first, tmp_path / "small"), save_rows(rows, tmp_path / "big")
+    kw = dict(layer_ids=[0, 2], target_name="tiny-llama", pad_token_id=tok.pad_token_id,
+              batch_size=2, shard_mb=0.02, progress=False)  # fmt: skip
+    fresh = fc.write_cache(target, big, tmp_path / "fresh", **kw)
+    old = fc.write_cache(target, small, tmp_path / "old", **kw)
+    shared = [s for s in old["shards"] if s["rows"] in fresh["plan"]]
+    assert 2 <= len(shared) < old["num_shards"]  # the old last shard ends where the set did
+
+    real_call, forwards = OnlineTargetCapture.__call__, [0]
+
+    def counted(self, batch):
+        forwards[0] += int(batch["input_ids"].shape[0])
+        return real_call(self, batch)
+
+    monkeypatch.setattr(OnlineTargetCapture, "__call__", counted)
+    grown = fc.write_cache(target, big, tmp_path / "grown", **kw, reuse_from=[tmp_path / "old"])
+    assert grown["shards"] == fresh["shards"]  # same bytes, same rows hashes
+    linked_rows = sum(s["rows"][1] - s["rows"][0] for s in shared)
+    assert forwards[0] == 16 - linked_rows  # only the rows past the shared shards ran
+    for s in shared:  # a hard link: the two caches share the file
+        a, b = tmp_path / "old" / s["file"], tmp_path / "grown" / s["file"]
+        assert a.stat().st_ino == b.stat().st_ino
+    assert f"{len(shared)} of {grown['num_shards']} shards linked" in capsys.readouterr().out
+
+    # A row changed inside the first shard: that shard is computed, the others still linked.
+    changed = {k: [list(r) for r in v] if k != "index" else list(v) for k, v in rows.items()}
+    changed["input_ids"][0][-1] = (changed["input_ids"][0][-1] + 1) % target.config.vocab_size
+    other = save_rows(changed, tmp_path / "changed")
+    forwards[0] = 0
+    m = fc.write_cache(target, other, tmp_path / "other", **kw, reuse_from=[tmp_path / "old"])
+    first_rows = m["plan"][0][1]
+    assert forwards[0] == 16 - linked_rows + first_rows
+    assert m["shards"][0]["sha256"] != fresh["shards"][0]["sha256"]
+    assert m["shards"][1:] == fresh["shards"][1:]
+
+    # An altered file in the other cache is not linked; a cache made otherwise offers nothing.
+    (tmp_path / "old" / shared[0]["file"]).unlink()
+    (tmp_path / "old" / shared[0]["file"]).write_bytes(b"not the shard")
+    fp32 = fc.write_cache(target, small, tmp_path / "fp32", **{**kw, "dtype": "fp32"})
+    assert fp32["complete"]
+    forwards[0] = 0
+    again = fc.write_cache(
+        target, big, tmp_path / "again", **kw, reuse_from=[tmp_path / "old", tmp_path / "fp32"]
+    )
+    assert again["shards"] == fresh["shards"]
+    assert forwards[0] == 16 - linked_rows + shared[0]["rows"][1] - shared[0]["rows"][0]
+    assert "made with other settings (dtype)" in capsys.readouterr().out
+
+
 def test_a_cache_for_another_target_layer_set_or_data_is_refused(tmp_path, tiny_sets, tiny_target):
     target, tok, data, caches = tiny_sets("qwen3")
     cache = FeatureCache(caches["bf16"])

@@ -4,7 +4,8 @@ Layout of a cache directory (format `dspark-features-v1`):
 - `manifest.json`: the settings it was made with (target name + identity, `layer_ids`, `dtype`,
   `positions`, the tokenized set's hash, rows and tokens, batch and shard sizes), the shard
   plan, and one entry per finished shard (`file`, `rows [start, end)`, token counts, `bytes`,
-  `sha256`); `complete` once every shard is written.
+  `sha256`, and `rows_sha256`, the hash of its rows' tokens by which a cache of a grown set
+  links it: `shard_reuse`); `complete` once every shard is written.
 - `shard_NNNNN.safetensors`, one per planned group of consecutive rows, each holding the rows
   concatenated along tokens:
   `tapped [T_t, L*H]` and `final_hidden [T_f, H]` (in `dtype`: bf16 by default, or fp32),
@@ -64,6 +65,7 @@ from dspark.data.features.feature_layout import (  # noqa: F401  (re-exported: o
     stored_positions,
     target_dims,
 )
+from dspark.data.features.shard_reuse import link_shard, offered_shards, rows_sha256
 from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
 from dspark.errors import BadInputError
 from dspark.locking import writes_output
@@ -244,11 +246,14 @@ def write_cache(
     batch_size: int = 8,
     shard_mb: float = DEFAULT_SHARD_MB,
     progress: bool = True,
+    reuse_from: Sequence[str | os.PathLike] = (),
 ) -> dict:
     """Run `target` once over the tokenized set at `data_dir`, writing shards into `out_dir`.
 
     Returns the manifest. Resumable: rerun with the same arguments; other settings against an
     existing cache are refused. Refuses to start when the disk lacks room for what is left.
+    `reuse_from`: caches of a set this one grew from, whose shards over the same rows are
+    linked instead of computed (`shard_reuse`).
     """
     if dtype not in DTYPES:
         raise FeatureCacheError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
@@ -289,7 +294,16 @@ def write_cache(
         done = {s["file"]: s for s in old["shards"]}
     else:
         done = {}
-    todo = sum(sum(row_bytes[a:b]) for k, (a, b) in enumerate(plan) if shard_name(k) not in done)
+    rows_hash = [rows_sha256(ds, a, b) for a, b in plan]
+    offered, notes = offered_shards(settings, [Path(c) for c in reuse_from], read_manifest)
+    for note in notes:
+        print(f"cache_features: {note}")
+    linkable = {k for k, (a, b) in enumerate(plan) if (a, b, rows_hash[k]) in offered}
+    todo = sum(
+        sum(row_bytes[a:b])
+        for k, (a, b) in enumerate(plan)
+        if shard_name(k) not in done and k not in linkable
+    )
     check_disk(out, todo)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".shard_*"):  # temp files of a killed run
@@ -308,12 +322,17 @@ def write_cache(
         total=len(ds), initial=done_rows, desc="cache features", unit="row", disable=not progress
     )
     device = next(target.parameters()).device
+    reused = 0
     for k, (a, b) in enumerate(plan):
         name = shard_name(k)
         if name in done:
             continue
         path = out / name
         shown = bar.n
+        if not path.exists() and k in linkable:
+            src, entry = offered[(a, b, rows_hash[k])]
+            if link_shard(src, path, entry["sha256"], _file_sha256):
+                reused += 1
         if not path.exists():  # a shard renamed into place before a kill is complete: keep it
             rows = [ds[i] for i in range(a, b)]
             feats = _compute_shard(
@@ -339,10 +358,13 @@ def write_cache(
             **tensors_meta,
             "bytes": path.stat().st_size,
             "sha256": _file_sha256(path),
+            "rows_sha256": rows_hash[k],
         }
         save_manifest(done, complete=False)
         bar.update(shown + (b - a) - bar.n)
     bar.close()
+    if reuse_from:
+        print(f"cache_features: {reused} of {len(plan)} shards linked from other caches")
     save_manifest(done, complete=True)
     return read_manifest(out)
 
