@@ -1,0 +1,55 @@
+"""`make smollm2-point`'s cache step: a kept cache of another point is offered for linking and
+then deleted, unless KEEP_POINT_FEATURES=1 (make -n: the commands, nothing run)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def point_commands(large: Path, n: int, *args: str) -> str:
+    out = subprocess.run(
+        [
+            "make",
+            "-n",
+            "--no-print-directory",
+            f"runs/curve/n{n}/results.json",
+            f"LARGE={large}",
+            *args,
+        ],  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def test_a_point_links_and_then_deletes_the_cache_another_point_kept(tmp_path):
+    kept = tmp_path / "points" / "n6000" / "features"
+    kept.mkdir(parents=True)
+    (kept / "manifest.json").write_text("{}")
+    (tmp_path / "points" / "n3000" / "features").mkdir(parents=True)  # no manifest: no cache
+    own = tmp_path / "points" / "n12000" / "features"
+    own.mkdir(parents=True)
+    (own / "manifest.json").write_text("{}")  # its own, resumed: neither offered nor deleted
+
+    lines = point_commands(tmp_path, 12000).replace("\\\n", " ").splitlines()
+    cache = next(x for x in lines if "cache_features.py" in x)
+    assert f"--output {own}" in cache and cache.count("--reuse-from") == 1
+    assert f"--reuse-from {kept}" in cache
+    removals = [x.strip() for x in lines if x.strip().startswith("rm -rf")]
+    assert removals[0] == f"rm -rf {kept}"  # after the cache step, before training
+    assert lines.index(cache) < lines.index(next(x for x in lines if "rm -rf" in x))
+    assert removals[1] == f"rm -rf {own}"  # its own, once trained
+
+    kept_lines = point_commands(tmp_path, 12000, "KEEP_POINT_FEATURES=1")
+    assert f"--reuse-from {kept}" in kept_lines and "rm -rf" not in kept_lines
+
+    (kept / "manifest.json").unlink()
+    alone = point_commands(tmp_path, 12000)
+    assert "--reuse-from" not in alone and alone.count("rm -rf") == 1
