@@ -8,6 +8,7 @@ where every other file they write is not; `apply_umask` gives such a tree the mo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -19,6 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from dspark.errors import BadInputError
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, read in 4 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def current_umask() -> int:

@@ -68,6 +68,7 @@ from dspark.data.features.feature_layout import (  # noqa: F401  (re-exported: o
 from dspark.data.features.shard_reuse import link_shard, offered_shards, rows_sha256
 from dspark.data.outputs import read_json_object, refuse_foreign, require_output_dir
 from dspark.errors import BadInputError
+from dspark.fileio import file_sha256
 from dspark.locking import writes_output
 from dspark.target.capture import OnlineTargetCapture
 
@@ -95,14 +96,6 @@ def dataset_hash(data_dir: str | os.PathLike) -> str:
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 h.update(chunk)
-    return h.hexdigest()
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
     return h.hexdigest()
 
 
@@ -295,7 +288,7 @@ def write_cache(
     else:
         done = {}
     rows_hash = [rows_sha256(ds, a, b) for a, b in plan]
-    offered, notes = offered_shards(settings, [Path(c) for c in reuse_from], read_manifest)
+    offered, notes = offered_shards(settings, [(Path(c), read_manifest(c)) for c in reuse_from])
     for note in notes:
         print(f"cache_features: {note}")
     linkable = {k for k, (a, b) in enumerate(plan) if (a, b, rows_hash[k]) in offered}
@@ -331,7 +324,7 @@ def write_cache(
         shown = bar.n
         if not path.exists() and k in linkable:
             src, entry = offered[(a, b, rows_hash[k])]
-            if link_shard(src, path, entry["sha256"], _file_sha256):
+            if link_shard(src, path, entry["sha256"]):
                 reused += 1
         if not path.exists():  # a shard renamed into place before a kill is complete: keep it
             rows = [ds[i] for i in range(a, b)]
@@ -357,7 +350,7 @@ def write_cache(
             "rows": [a, b],
             **tensors_meta,
             "bytes": path.stat().st_size,
-            "sha256": _file_sha256(path),
+            "sha256": file_sha256(path),
             "rows_sha256": rows_hash[k],
         }
         save_manifest(done, complete=False)

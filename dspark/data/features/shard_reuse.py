@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.fileio import file_sha256
+
 # settings that describe the tokenized set rather than how its features were made
 DATA_SETTINGS = ("data_hash", "data_rows", "data_tokens")
 
@@ -45,15 +47,14 @@ def _making(settings: dict) -> dict:
 
 
 def offered_shards(
-    settings: dict, caches: Sequence[Path], read_manifest
+    settings: dict, caches: Sequence[tuple[Path, dict]]
 ) -> tuple[dict[tuple[int, int, str], tuple[Path, dict]], list[str]]:
     """`({(start, end, rows_sha256): (shard path, manifest entry)}, notes)` over the finished
-    shards of `caches` made as `settings` say; a note names each cache that offers nothing and
-    why."""
+    shards of `caches` (each a directory and its manifest) made as `settings` say; a note names
+    each cache that offers nothing and why."""
     offered: dict[tuple[int, int, str], tuple[Path, dict]] = {}
     notes = []
-    for cache in caches:
-        m = read_manifest(cache)
+    for cache, m in caches:
         if _making(m["settings"]) != _making(settings):
             diff = sorted(k for k in _making(settings) if m["settings"].get(k) != settings.get(k))
             notes.append(f"{cache}: made with other settings ({', '.join(diff)}), nothing reused")
@@ -67,7 +68,7 @@ def offered_shards(
     return offered, notes
 
 
-def link_shard(src: Path, dst: Path, sha256: str, file_sha256) -> bool:
+def link_shard(src: Path, dst: Path, sha256: str) -> bool:
     """Place `src` at `dst` (a hard link, else a copy), atomically; False, with nothing left
     at `dst`, when the file's SHA-256 is not `sha256` (the other cache's file was altered)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
