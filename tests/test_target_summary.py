@@ -172,7 +172,13 @@ def test_summaries_are_read_back_per_cache_and_head_and_only_missing_rows_comput
 ):
     from datasets import load_from_disk
 
-    from dspark.data.features.summary_cache import load_or_summarize, summary_key, summary_path
+    from dspark.data.features.summary_cache import (
+        head_fingerprint,
+        load_or_summarize,
+        shard_summary_key,
+        summary_key,
+        summary_path,
+    )
 
     target, _, data, caches = tiny_sets("llama")
     ds = load_from_disk(str(data))
@@ -204,14 +210,73 @@ def test_summaries_are_read_back_per_cache_and_head_and_only_missing_rows_comput
         for got in (more, again) if r in half else (more,):
             assert torch.equal(got[r][0], want[r][0]) and torch.equal(got[r][1], want[r][1])
             assert got[r][1].dtype == torch.long
-    path = summary_path(summary_key(cache, head), tmp_path)
-    path.write_bytes(b"torn")  # a file that does not read back is summarized again
+    paths = [
+        summary_path(shard_summary_key(s, head_fingerprint(head)), tmp_path) for s in cache.shards
+    ]
+    assert len(paths) >= 2 and all(p.exists() for p in paths)  # one file per shard
+    for p in paths:
+        p.write_bytes(b"torn")  # a file that does not read back is summarized again
     run(half)
     assert sum(seen) == positions(half)
-    other = copy.deepcopy(head)  # another head: another key
+    other = copy.deepcopy(head)  # another head: other keys
     with torch.no_grad():
         other.weight[0, 0] += 1.0
-    assert summary_path(summary_key(cache, other), tmp_path) != path
     seen.clear()
     load_or_summarize(ds.select(half), cache, other, summarize, root=tmp_path)
     assert sum(seen) == positions(half)
+
+    # The earlier layout (one file per cache, by its manifest) is read where a shard's file
+    # lacks rows, and its rows are written into the shard files.
+    for p in paths:
+        p.unlink()
+    legacy = summary_key(cache, head)
+    packed = {r: (lse, top.to(torch.int32)) for r, (lse, top) in want.items() if r in half}
+    torch.save({"key": legacy, "rows": packed}, summary_path(legacy, tmp_path))
+    got = run(list(range(len(ds))))
+    assert sum(seen) == positions([r for r in range(len(ds)) if r not in half])
+    assert all(torch.equal(got[r][0], want[r][0]) for r in range(len(ds)))
+    summary_path(legacy, tmp_path).unlink()
+    run(list(range(len(ds))))
+    assert seen == []
+
+
+def test_a_grown_cache_reads_back_the_summaries_of_the_shards_it_linked(tiny_target, tmp_path):
+    from helpers import make_rows, save_rows
+
+    from dspark.data.features import feature_cache as fc
+    from dspark.data.features.summary_cache import load_or_summarize
+
+    target, tok = tiny_target("llama")
+    rows = make_rows(target.config.vocab_size, n=16, seed=3)
+    small = save_rows({k: v[:10] for k, v in rows.items()}, tmp_path / "small")
+    big = save_rows(rows, tmp_path / "big")
+    kw = dict(layer_ids=[0, 2], target_name="tiny-llama", pad_token_id=tok.pad_token_id,
+              batch_size=2, shard_mb=0.02, progress=False)  # fmt: skip
+    fc.write_cache(target, small, tmp_path / "old", **kw)
+    m = fc.write_cache(target, big, tmp_path / "new", **kw, reuse_from=[tmp_path / "old"])
+    head, seen = target.get_output_embeddings(), []
+
+    def summarize(h):
+        seen.append(h.shape[0])
+        return target_summary(head, h)
+
+    def summaries(data, cache_dir):
+        from datasets import load_from_disk
+
+        ds = load_from_disk(str(data))
+        ds = ds.add_column(ROW_COLUMN, list(range(len(ds))))
+        seen.clear()
+        got = load_or_summarize(ds, FeatureCache(cache_dir), head, summarize, root=tmp_path)
+        return got, ds
+
+    summaries(small, tmp_path / "old")
+    got, ds = summaries(big, tmp_path / "new")
+    old_shards = {s["sha256"] for s in fc.read_manifest(tmp_path / "old")["shards"]}
+    fresh = [s for s in m["shards"] if s["sha256"] not in old_shards]
+    new_rows = [r for s in fresh for r in range(*s["rows"])]
+    assert 0 < len(new_rows) < len(ds)
+    assert sum(seen) == sum(len(stored_positions(ds[r]["loss_mask"], "loss")[1]) for r in new_rows)
+    want = summarize_rows(ds, FeatureCache(tmp_path / "new"), summarize, progress=False)
+    assert all(
+        torch.equal(got[r][0], want[r][0]) and torch.equal(got[r][1], want[r][1]) for r in got
+    )

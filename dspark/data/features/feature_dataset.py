@@ -132,11 +132,15 @@ class FeatureCache:
         final[f_pos[q0:q1]] = final_part
         return final
 
-    def _locate(self, i: int):
-        """`(handle, row in shard, tokens, tapped_offsets, final_offsets, final_positions)`."""
+    def shard_of(self, i: int) -> int:
+        """The index in `shards` of the shard holding row `i`."""
         if not 0 <= i < len(self):
             raise IndexError(f"row {i} outside the cache's {len(self)} rows")
-        k = bisect.bisect_right(self._starts, i) - 1
+        return bisect.bisect_right(self._starts, i) - 1
+
+    def _locate(self, i: int):
+        """`(handle, row in shard, tokens, tapped_offsets, final_offsets, final_positions)`."""
+        k = self.shard_of(i)
         f, lengths, t_off, f_off, f_pos = self._shard(k)
         j = i - self.shards[k]["rows"][0]
         return f, j, int(lengths[j]), t_off, f_off, f_pos

@@ -1,15 +1,17 @@
-"""The target's logit summaries over a feature cache, kept on disk per cache and target head.
+"""The target's logit summaries over a feature cache, kept on disk per shard and target head.
 
 `summarize_rows` is one pass of the target's whole head over every loss position of a set
-(SmolLM2's 3,068-row recipe set: ~6 min on 2 cores, in fp32), paid at the start of every run
-that trains a reduced-vocabulary draft on cached features. A second run on the same cache and
-head (a sweep or ablation arm, a resumed run) reads them back instead.
+(SmolLM2's 3,068-row recipe set: ~6 min on 2 cores, in fp32; 12,000 rows: ~15 min), paid at
+the start of every run that trains a reduced-vocabulary draft on cached features. A second run
+on the same cache and head (a sweep or ablation arm, a resumed run) reads them back instead,
+and so does a run on a grown cache (`shard_reuse`) for the shards it shares with a smaller one.
 
-Stored under `$DSPARK_CACHE/target_summaries/<key>.pt` (`{"key", "rows": {row: (lse [n] fp32,
-argmax [n] int64)}}`), the key a hash of the feature cache's manifest (a remade cache is a new
-key) and of the head's dtype, shape and weight bytes. Rows a file lacks (another split or
-subset of the same cache) are computed and the union written back atomically; a file that does
-not read back is measured again, never trusted.
+Stored under `$DSPARK_CACHE/target_summaries/<key>.pt`, one file per shard
+(`{"key", "rows": {row in shard: (lse [n] fp32, argmax [n] int32)}}`), the key a hash of the
+shard's SHA-256 (a shard's bytes fix its rows' features; a linked shard keeps it) and of the
+head's dtype, shape and weight bytes. Rows a file lacks are computed and the union written back
+atomically; a file that does not read back is measured again, never trusted. A file of the
+earlier layout, one per cache (keyed by its manifest), is read where a shard's file lacks rows.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def head_fingerprint(head: torch.nn.Module) -> str:
 
 
 def summary_key(cache: FeatureCache, head: torch.nn.Module) -> dict:
+    """The earlier layout's key: one file for a whole cache, by its manifest's bytes."""
     manifest = (cache.dir / "manifest.json").read_bytes()
     return {
         "version": 1,
@@ -49,6 +52,10 @@ def summary_key(cache: FeatureCache, head: torch.nn.Module) -> dict:
         "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
         "head_sha256": head_fingerprint(head),
     }
+
+
+def shard_summary_key(shard: dict, head_sha256: str) -> dict:
+    return {"version": 2, "shard_sha256": shard["sha256"], "head_sha256": head_sha256}
 
 
 def summary_path(key: dict, root: Path | None = None) -> Path:
@@ -68,6 +75,14 @@ def _read(path: Path, key: dict) -> Summaries:
     return {int(r): (lse, top.long()) for r, (lse, top) in saved["rows"].items()}
 
 
+def _write(path: Path, key: dict, rows: Summaries) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    packed = {r: (lse, top.to(torch.int32)) for r, (lse, top) in rows.items()}
+    torch.save({"key": key, "rows": packed}, tmp)
+    tmp.replace(path)
+
+
 def load_or_summarize(
     ds,
     cache: FeatureCache,
@@ -78,18 +93,33 @@ def load_or_summarize(
     progress: bool = True,
 ) -> Summaries:
     """`summarize_rows(ds, cache, summarize)` (`summarize`: the summary of `head`), each row
-    read back from the disk cache where it holds it, only the others computed (then saved)."""
-    key = summary_key(cache, head)
-    path = summary_path(key, root)
-    with exclusive_output(path, "the target summary cache entry", wait=CACHE_WAIT_S):
-        have = _read(path, key)
-        rows = [int(r) for r in ds[ROW_COLUMN]]
-        missing = [i for i, r in enumerate(rows) if r not in have]
-        if missing:
-            have |= summarize_rows(ds.select(missing), cache, summarize, progress=progress)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            packed = {r: (lse, top.to(torch.int32)) for r, (lse, top) in have.items()}
-            torch.save({"key": key, "rows": packed}, tmp)
-            tmp.replace(path)
-    return {r: have[r] for r in rows}
+    read back from the disk cache where its shard's file holds it, only the others computed
+    (then saved)."""
+    head_sha = head_fingerprint(head)
+    rows = [int(r) for r in ds[ROW_COLUMN]]
+    by_shard: dict[int, list[int]] = {}  # shard -> positions in ds of its rows
+    for i, r in enumerate(rows):
+        by_shard.setdefault(cache.shard_of(r), []).append(i)
+    legacy: Summaries | None = None  # the earlier per-cache file, read once where needed
+    out: Summaries = {}
+    for k, idx in sorted(by_shard.items()):
+        shard = cache.shards[k]
+        start = shard["rows"][0]
+        key = shard_summary_key(shard, head_sha)
+        path = summary_path(key, root)
+        with exclusive_output(path, "the target summary cache entry", wait=CACHE_WAIT_S):
+            have = {start + j: v for j, v in _read(path, key).items()}
+            missing = [i for i in idx if rows[i] not in have]
+            if missing and legacy is None:
+                legacy = _read(
+                    summary_path(summary_key(cache, head), root), summary_key(cache, head)
+                )
+            found = {rows[i]: legacy[rows[i]] for i in missing if legacy and rows[i] in legacy}
+            todo = [i for i in missing if rows[i] not in found]
+            if todo:
+                found |= summarize_rows(ds.select(todo), cache, summarize, progress=progress)
+            if found:
+                have |= found
+                _write(path, key, {r - start: v for r, v in have.items()})
+        out.update((rows[i], have[rows[i]]) for i in idx)
+    return {r: out[r] for r in rows}
