@@ -229,7 +229,7 @@ def test_summaries_are_read_back_per_cache_and_head_and_only_missing_rows_comput
     # lacks rows, and its rows are written into the shard files.
     for p in paths:
         p.unlink()
-    legacy = summary_key(cache, head)
+    legacy = summary_key(cache, head_fingerprint(head))
     packed = {r: (lse, top.to(torch.int32)) for r, (lse, top) in want.items() if r in half}
     torch.save({"key": legacy, "rows": packed}, summary_path(legacy, tmp_path))
     got = run(list(range(len(ds))))

@@ -322,10 +322,11 @@ def write_cache(
             continue
         path = out / name
         shown = bar.n
+        sha256 = None  # a linked shard's, checked as it was linked
         if not path.exists() and k in linkable:
             src, entry = offered[(a, b, rows_hash[k])]
             if link_shard(src, path, entry["sha256"]):
-                reused += 1
+                reused, sha256 = reused + 1, entry["sha256"]
         if not path.exists():  # a shard renamed into place before a kill is complete: keep it
             rows = [ds[i] for i in range(a, b)]
             feats = _compute_shard(
@@ -350,7 +351,7 @@ def write_cache(
             "rows": [a, b],
             **tensors_meta,
             "bytes": path.stat().st_size,
-            "sha256": file_sha256(path),
+            "sha256": sha256 or file_sha256(path),
             "rows_sha256": rows_hash[k],
         }
         save_manifest(done, complete=False)

@@ -43,14 +43,14 @@ def head_fingerprint(head: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def summary_key(cache: FeatureCache, head: torch.nn.Module) -> dict:
+def summary_key(cache: FeatureCache, head_sha256: str) -> dict:
     """The earlier layout's key: one file for a whole cache, by its manifest's bytes."""
     manifest = (cache.dir / "manifest.json").read_bytes()
     return {
         "version": 1,
         "feature_cache": str(cache.dir.resolve()),
         "manifest_sha256": hashlib.sha256(manifest).hexdigest(),
-        "head_sha256": head_fingerprint(head),
+        "head_sha256": head_sha256,
     }
 
 
@@ -111,9 +111,8 @@ def load_or_summarize(
             have = {start + j: v for j, v in _read(path, key).items()}
             missing = [i for i in idx if rows[i] not in have]
             if missing and legacy is None:
-                legacy = _read(
-                    summary_path(summary_key(cache, head), root), summary_key(cache, head)
-                )
+                old_key = summary_key(cache, head_sha)
+                legacy = _read(summary_path(old_key, root), old_key)
             found = {rows[i]: legacy[rows[i]] for i in missing if legacy and rows[i] in legacy}
             todo = [i for i in missing if rows[i] not in found]
             if todo:
