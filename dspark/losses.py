@@ -101,42 +101,52 @@ def slot_cross_entropy(
     return torch.where(inside, ce, torch.zeros_like(ce))
 
 
+def target_probs(target_logits: torch.Tensor, kept_ids: torch.Tensor | None = None):
+    """The target's fp32 distribution over all V (`target_logits [M, V]`), at `kept_ids [K]`
+    when the draft vocabulary is reduced: `[M, K]`, summing to 1 less the mass outside."""
+    p_t = torch.softmax(target_logits.float(), dim=-1)
+    return p_t if kept_ids is None else p_t.index_select(-1, kept_ids)
+
+
+def target_probs_at_kept(target_kept_logits: torch.Tensor, target_logsumexp: torch.Tensor):
+    """`target_probs` at the kept ids from the target's logits there, `[M, K]`, and the
+    logsumexp of its logits over all V, `[M]`, without the `[M, V]` logits (equal up to
+    rounding)."""
+    return (target_kept_logits.float() - target_logsumexp.float()[:, None]).exp_()
+
+
+def slot_l1_of_probs(draft_logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Per-slot L1 = sum over all V target ids of |p_d - p_t|, in [0, 2] (no 1/2 factor), p_d
+    softmaxed at T=1 in fp32. `draft_logits [M, K]`; `target_probs [M, K]`: p_t at the draft's
+    K ids (`target_probs`, `target_probs_at_kept`).
+
+    With a reduced vocabulary p_d is 0 outside the kept ids (the draft never proposes those
+    tokens) and p_t keeps its mass there (never renormalised away), so
+    L1 = sum_kept |p_d - p_t[kept]| + (1 - sum_kept p_t) and 1 - L1/2 = sum_v min(p_d, p_t),
+    the acceptance probability of lossless verification.
+    """
+    p_d = torch.softmax(draft_logits.float(), dim=-1)
+    outside = (1.0 - target_probs.sum(-1)).clamp(min=0.0)
+    return (p_d - target_probs).abs().sum(-1) + outside
+
+
 def slot_l1(
     draft_logits: torch.Tensor,
     target_logits: torch.Tensor,
     kept_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-slot L1 = sum over all V target ids of |p_d - p_t|, in [0, 2] (no 1/2 factor), both
-    softmaxed at T=1 in fp32. `draft_logits [M, K]`, `target_logits [M, V]`.
-
-    With a reduced vocabulary (`kept_ids [K]`), p_d is 0 outside the kept ids (the draft never
-    proposes those tokens) and p_t keeps its mass there (never renormalised away), so
-    L1 = sum_kept |p_d - p_t[kept]| + (1 - sum_kept p_t) and 1 - L1/2 = sum_v min(p_d, p_t),
-    the acceptance probability of lossless verification.
-    """
-    p_d = torch.softmax(draft_logits.float(), dim=-1)
-    p_t = torch.softmax(target_logits.float(), dim=-1)
-    if kept_ids is None:
-        return (p_d - p_t).abs().sum(-1)
-    p_t_kept = p_t.index_select(-1, kept_ids)  # [M, K]
-    # the target's mass outside the kept ids (p_t sums to 1 up to rounding; clamp keeps >= 0)
-    outside = (p_t.sum(-1) - p_t_kept.sum(-1)).clamp(min=0.0)
-    return (p_d - p_t_kept).abs().sum(-1) + outside
+    """`slot_l1_of_probs` from the target's logits over all V, `[M, V]`."""
+    return slot_l1_of_probs(draft_logits, target_probs(target_logits, kept_ids))
 
 
 def slot_l1_normalised(
     draft_logits: torch.Tensor, target_kept_logits: torch.Tensor, target_logsumexp: torch.Tensor
 ) -> torch.Tensor:
-    """`slot_l1` of a reduced vocabulary from the target's logits at the kept ids alone:
-    `target_kept_logits [M, K]` and the logsumexp of its logits over all V, `[M]`.
-
-    p_t[kept] = exp(z_kept - logsumexp) and the mass outside is 1 - sum_kept p_t, so this is
-    `slot_l1(draft_logits, z, kept_ids)` without the `[M, V]` logits (equal up to rounding).
-    """
-    p_d = torch.softmax(draft_logits.float(), dim=-1)
-    p_t_kept = torch.exp(target_kept_logits.float() - target_logsumexp.float()[:, None])
-    outside = (1.0 - p_t_kept.sum(-1)).clamp(min=0.0)
-    return (p_d - p_t_kept).abs().sum(-1) + outside
+    """`slot_l1` of a reduced vocabulary from the target's logits at the kept ids alone
+    (`target_probs_at_kept`)."""
+    return slot_l1_of_probs(
+        draft_logits, target_probs_at_kept(target_kept_logits, target_logsumexp)
+    )
 
 
 @torch.no_grad()
@@ -157,9 +167,16 @@ def greedy_match_argmax(
     kept_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`greedy_match` from the target's argmax over all V, `[M]` (target ids)."""
-    draft_top = draft_logits.argmax(-1)
-    if kept_ids is not None:
-        draft_top = kept_ids[draft_top]
+    return greedy_match_ids(draft_logits.argmax(-1), target_argmax, kept_ids)
+
+
+@torch.no_grad()
+def greedy_match_ids(
+    draft_argmax: torch.Tensor, target_argmax: torch.Tensor, kept_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`greedy_match` from both argmaxes, `[M]`: the draft's as draft ids, the target's as
+    target ids."""
+    draft_top = draft_argmax if kept_ids is None else kept_ids[draft_argmax]
     return (draft_top == target_argmax).float()
 
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dspark import losses as L
+from dspark.fused_slot_terms import slot_ce_l1
 from dspark.objectives.base import (
     LocalReducer,
     ObjectiveBase,
@@ -63,6 +64,7 @@ from dspark.objectives.feature_noise import FEATURE_NOISE, noisy_features
 from dspark.objectives.registry import register_objective
 from dspark.target.capture import (
     FeatureSource,
+    KeptHead,
     OnlineTargetCapture,
     kept_head,
     kept_target_logits,
@@ -135,7 +137,7 @@ class DSparkObjective(ObjectiveBase):
         self.eval_seed = int(eval_seed)
         self.generator = torch.Generator().manual_seed(self.seed)
         # (kept ids, the target head's fp32 rows at them): `_kept_head`
-        self._kept_head_cache: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
+        self._kept_head_cache: tuple[torch.Tensor, KeptHead] | None = None
 
     # ---------------------------------------------------------------- state (resume)
     def state_dict(self) -> dict:
@@ -288,7 +290,8 @@ class DSparkObjective(ObjectiveBase):
         `labels [M]` (target ids), `final_hidden [M, H]` (the target's post-norm states of the
         same slots, row-major). Per chunk `rows`: the target's fp32 logits `[m, V]` (no grad,
         recomputed with the chunk in backward), then CE, L1, the greedy match and whether the
-        label is in the draft vocabulary, each `[m]` (losses.py defines each for a reduced one).
+        label is in the draft vocabulary, each `[m]` (losses.py defines each for a reduced one;
+        `slot_ce_l1` computes CE and L1 as one autograd node).
         `summary`: `(logsumexp [M], argmax [M])` of the target's logits over all V at the same
         slots (`capture.target_summary`, precomputed with an offline cache); with a reduced
         vocabulary the target's logits are then computed at the K kept ids only (`[m, K]`
@@ -297,29 +300,24 @@ class DSparkObjective(ObjectiveBase):
         lm_head = self.target_lm_head
 
         def terms(logits: torch.Tensor, rows: slice, kept_ids: torch.Tensor | None):
-            lab = labels[rows]
             with torch.no_grad():
-                in_vocab = L.in_vocab_labels(lab, kept_ids)[1]
+                draft_ids, in_vocab = L.in_vocab_labels(labels[rows], kept_ids)
                 if kept_ids is not None and summary is not None:
                     t_kept = kept_target_logits(self._kept_head(kept_ids), final_hidden[rows])
-                    match = L.greedy_match_argmax(logits.detach(), summary[1][rows], kept_ids)
+                    q = L.target_probs_at_kept(t_kept, summary[0][rows])
+                    target_top = summary[1][rows]
                 else:
-                    t_logits = target_logits(lm_head, final_hidden[rows])
-                    match = L.greedy_match(logits.detach(), t_logits, kept_ids)
-            if kept_ids is not None and summary is not None:
-                l1 = L.slot_l1_normalised(logits, t_kept, summary[0][rows])
-            else:
-                l1 = L.slot_l1(logits, t_logits, kept_ids)
-            return {
-                "ce": L.slot_cross_entropy(logits, lab, kept_ids),
-                "l1": l1,
-                "match": match,
-                "in_vocab": in_vocab,
-            }
+                    t_logits = target_logits(lm_head, final_hidden[rows])  # [m, V]
+                    q = L.target_probs(t_logits, kept_ids)
+                    target_top = t_logits.argmax(-1)
+            # one autograd node for CE and L1 (losses.slot_cross_entropy and slot_l1, fused)
+            ce, l1, draft_top = slot_ce_l1(logits, q, draft_ids, in_vocab)
+            match = L.greedy_match_ids(draft_top, target_top, kept_ids)
+            return {"ce": ce, "l1": l1, "match": match, "in_vocab": in_vocab}
 
         return terms
 
-    def _kept_head(self, kept_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _kept_head(self, kept_ids: torch.Tensor) -> KeptHead:
         """The target head's fp32 rows at `kept_ids`, made once per draft vocabulary (the
         target is frozen)."""
         cached = self._kept_head_cache

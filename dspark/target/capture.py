@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from dspark.target.exact_linear import exact_in_bf16, fp32_linear
 
 
 @dataclass
@@ -126,14 +127,10 @@ class BatchFeatures:
 
 def target_logits(lm_head: torch.nn.Module, final_hidden: torch.Tensor) -> torch.Tensor:
     """fp32 target logits from post-norm hidden states (only the rows you pass); autocast off,
-    so a bf16 training step still gets an fp32 target distribution."""
-    bias = getattr(lm_head, "bias", None)
+    so a bf16 training step still gets an fp32 target distribution (`fp32_linear`)."""
     weight = lm_head.weight
     assert isinstance(weight, torch.Tensor)  # an nn.Linear-like head's [V, H] parameter
-    with torch.autocast(final_hidden.device.type, enabled=False):
-        return F.linear(
-            final_hidden.float(), weight.float(), None if bias is None else bias.float()
-        )
+    return fp32_linear(final_hidden, weight, getattr(lm_head, "bias", None))
 
 
 @torch.no_grad()
@@ -143,34 +140,45 @@ def target_summary(
     """`(logsumexp [N], argmax [N])` of the target's fp32 logits over its whole vocabulary at
     `final_hidden [N, H]`, `chunk_rows` rows of `[rows, V]` logits at a time. With them, a
     reduced-vocabulary loss needs the target's logits at the kept ids only
-    (`kept_target_logits`, `dspark.losses.slot_l1_normalised`)."""
+    (`kept_target_logits`, `dspark.losses.target_probs_at_kept`)."""
     # The head cast to fp32 once, not per chunk: a [V, H] copy per 1024 rows was ~30% of the
     # time for a bf16 SmolLM2 head (V 49,152) on a 2-core CPU. The values of target_logits.
     weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
     assert isinstance(weight, torch.Tensor)
+    exact = exact_in_bf16(final_hidden, weight)
     weight, bias = weight.float(), None if bias is None else bias.float()
     lse, top = [], []
     for s in range(0, max(final_hidden.shape[0], 1), chunk_rows):  # an empty input: one chunk
-        with torch.autocast(final_hidden.device.type, enabled=False):
-            z = F.linear(final_hidden[s : s + chunk_rows].float(), weight, bias)
+        z = fp32_linear(final_hidden[s : s + chunk_rows], weight, bias, bf16_exact=exact)
         lse.append(torch.logsumexp(z, dim=-1))
-        top.append(z.argmax(dim=-1))
+        top.append(z.max(dim=-1).indices)  # argmax (max: faster than argmax on a CPU)
     return torch.cat(lse), torch.cat(top)
 
 
-def kept_head(lm_head: torch.nn.Module, kept_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The fp32 rows of the target's head at `kept_ids [K]`: `(weight [K, H], bias [K])`
-    (bias absent when the head has none), for `kept_target_logits`."""
+@dataclass(frozen=True)
+class KeptHead:
+    """The target head's rows at a draft's kept ids, cast to fp32 once (`kept_head`)."""
+
+    weight: torch.Tensor  # [K, H] fp32
+    bias: torch.Tensor | None  # [K] fp32, or None for a head without one
+    bf16_exact: bool  # the head is bf16, so its rows are exact in bf16 (`fp32_linear`)
+
+
+def kept_head(lm_head: torch.nn.Module, kept_ids: torch.Tensor) -> KeptHead:
+    """The rows of the target's head at `kept_ids [K]`, for `kept_target_logits`."""
     weight = lm_head.weight
     assert isinstance(weight, torch.Tensor)
     idx = kept_ids.to(weight.device)
-    rows = (weight.detach().index_select(0, idx).float(),)
     bias = getattr(lm_head, "bias", None)
-    return rows if bias is None else (*rows, bias.detach().index_select(0, idx).float())
+    return KeptHead(
+        weight=weight.detach().index_select(0, idx).float(),
+        bias=None if bias is None else bias.detach().index_select(0, idx).float(),
+        bf16_exact=weight.dtype == torch.bfloat16,
+    )
 
 
-def kept_target_logits(head_rows: tuple[torch.Tensor, ...], final_hidden: torch.Tensor):
-    """fp32 target logits `[M, K]` at the kept ids (`kept_head`'s rows), autocast off: the
-    columns `kept_ids` of `target_logits`, up to the matmul's rounding."""
-    with torch.autocast(final_hidden.device.type, enabled=False):
-        return F.linear(final_hidden.float(), *head_rows)
+def kept_target_logits(head: KeptHead, final_hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 target logits `[M, K]` at the kept ids, autocast off: the columns `kept_ids` of
+    `target_logits`, up to the matmul's rounding."""
+    exact = head.bf16_exact and final_hidden.dtype == torch.bfloat16
+    return fp32_linear(final_hidden, head.weight, head.bias, bf16_exact=exact)
