@@ -36,16 +36,20 @@ def _bf16_fp32_matmuls():
         matmul.fp32_precision = before
 
 
-def exact_in_bf16(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `fp32_linear(x, weight)` runs on the bf16 units: both bf16 (so exact there),
-    on a CPU that has them, with oneDNN on."""
+def _bf16_units_for(x: torch.Tensor) -> bool:
+    """Whether a matmul on `x` can use the bf16 units: a CPU that has them, oneDNN on."""
     return (
         x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
         and bool(torch.backends.mkldnn.enabled)
         and cpu_has_bf16_units()
     )
+
+
+def exact_in_bf16(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `fp32_linear(x, weight)` runs on the bf16 units: both bf16 (so exact there),
+    on a CPU that has them, with oneDNN on."""
+    return x.dtype == weight.dtype == torch.bfloat16 and _bf16_units_for(x)
 
 
 def fp32_linear(
@@ -56,10 +60,10 @@ def fp32_linear(
     bf16_exact: bool | None = None,
 ) -> torch.Tensor:
     """`x [.., H] @ weight [N, H].T + bias [N]` in fp32, autocast off. `bf16_exact`: whether x
-    and weight hold bf16 values (default: `exact_in_bf16(x, weight)`; pass True for fp32
-    copies of bf16 tensors, e.g. a head's rows cast once)."""
-    fast = exact_in_bf16(x, weight) if bf16_exact is None else bf16_exact
-    fast = fast and x.device.type == "cpu" and cpu_has_bf16_units()
+    and weight hold bf16 values (default: both are bf16 tensors; pass True for fp32 copies of
+    bf16 tensors, e.g. a head's rows cast once)."""
+    exact = x.dtype == weight.dtype == torch.bfloat16 if bf16_exact is None else bf16_exact
+    fast = exact and _bf16_units_for(x)
     with torch.autocast(x.device.type, enabled=False):
         with _bf16_fp32_matmuls() if fast else contextlib.nullcontext():
             out = F.linear(x.float(), weight.float())
