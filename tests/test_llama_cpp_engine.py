@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import builtins
 
+import numpy as np
 import pytest
 
 from dspark.bench.llama_cpp import Completion, EngineSettings, Mode, ModeRun, server_args
+from dspark.engines.llama_server import gguf_weight_types, weight_mix
 from dspark.errors import MissingPackageError
 
 
@@ -57,6 +59,7 @@ def test_the_confidence_cut_flag_is_the_one_the_build_reads(tmp_path, monkeypatc
     from dspark.engines.llama_server import confidence_cut_flag, engine_conditions
 
     monkeypatch.setattr(llama_server, "gguf_file_type", lambda path: None)  # no real GGUFs here
+    monkeypatch.setattr(llama_server, "gguf_weight_types", lambda path: None)
 
     fake = tmp_path / "llama-server"
     fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{help_text}EOF\n")
@@ -295,3 +298,26 @@ def test_the_gguf_readme_carries_the_tuned_flags_when_given():
     tuned = render_llama_cpp(**kw, tuned={"n_max": 1, "p_min": 0.5, "measured_on": "CPU Z"})
     assert "--spec-draft-n-max 1 --spec-draft-p-min 0.5 " in tuned
     assert "tuned on CPU Z" in tuned
+
+
+def test_a_gguf_s_weight_types_are_its_tensors_shares_by_elements(tmp_path):
+    """A quant's name is not its content: the shares come from each tensor's own type, weighted
+    by its elements (4 x 64 Q8_0, 2 x 64 F32, 64 F16: 256 / 128 / 64 of 448), largest first."""
+    gguf = pytest.importorskip("gguf")
+    quants = pytest.importorskip("gguf.quants")
+
+    path = tmp_path / "mixed.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    q8 = quants.quantize(np.random.rand(4, 64).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("f16", np.zeros((64,), np.float16))
+    writer.add_tensor("q8", q8, raw_shape=q8.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("f32", np.zeros((2, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    shares = gguf_weight_types(str(path))
+    assert list(shares) == ["Q8_0", "F32", "F16"]
+    assert shares == pytest.approx({"Q8_0": 256 / 448, "F32": 128 / 448, "F16": 64 / 448}, abs=1e-4)
+    assert weight_mix(shares) == "Q8_0 57%, F32 29%, F16 14%"
+    assert weight_mix({"Q4_0": 1.0}) == "" and weight_mix(None) == ""

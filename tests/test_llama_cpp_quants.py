@@ -34,7 +34,7 @@ def test_rows_take_each_quants_best_mode():
         "q4_k_m": {"datasets": {"gsm8k": [
             _row("none", 0, 80.0),
             _row("draft-dspark", 1, 88.0, 1.10, 1.5, 1.36, 0.92),
-        ]}},
+        ]}, "conditions": {"target_weight_types": {"Q5_0": 0.58, "Q8_0": 0.22, "Q4_K": 0.2}}},
     }  # fmt: skip
     rows = quant_rows(by_quant, {"gsm8k": ["a b", "d"]})
     assert [(r["quant"], r["dspark_mode"], r["dspark_speedup"]) for r in rows] == [
@@ -45,7 +45,8 @@ def test_rows_take_each_quants_best_mode():
     assert rows[0]["plain_vs_bundled_greedy"]["equal"] == 0.5
     assert rows[1]["plain_vs_bundled_greedy"] is None and rows[1]["ngram_speedup"] is None
     md = render(rows, {"cpu": "x", "threads": 2, "engine": "llama.cpp"})
-    assert "| q4_k_m | gsm8k | 80.0 | draft-dspark-1 | 1.10x | 1.50 | 1.36 | 92% |" in md
+    row = "| q4_k_m (Q5_0 58%, Q8_0 22%, Q4_K 20%) | gsm8k | 80.0 | draft-dspark-1 | 1.10x | 1.50 |"
+    assert row in md
     assert (
         "| q4_1 | gsm8k | 100.0 | draft-dspark-1 | 0.90x | 1.40 | 1.60 | 100% | 0.98x | 50% |" in md
     )

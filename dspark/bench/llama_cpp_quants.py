@@ -15,6 +15,7 @@ import os
 
 from dspark.bench.llama_cpp import target_gguf_of
 from dspark.data.regeneration.llama_cpp_backend import agreement as sequence_agreement
+from dspark.engines.llama_server import weight_mix
 
 
 def agreement(texts: list[str], reference: list[str]) -> dict:
@@ -43,6 +44,7 @@ def quant_rows(by_quant: dict[str, dict], reference: dict[str, list[str]] | None
             ref = (reference or {}).get(name)
             out.append({
                 "quant": quant,
+                "weights": weight_mix((res.get("conditions") or {}).get("target_weight_types")),
                 "set": name,
                 "plain_tokens_per_s": plain["tokens_per_s"],
                 "dspark_mode": dspark["name"] if dspark else None,
@@ -77,8 +79,9 @@ def render(rows: list[dict], conditions: dict) -> str:
     ]
     for r in rows:
         agree = r["plain_vs_bundled_greedy"] or {}
+        quant = f"{r['quant']} ({r['weights']})" if r.get("weights") else r["quant"]
         lines.append(
-            f"| {r['quant']} | {r['set']} | {_f(r['plain_tokens_per_s'], 1)} | "
+            f"| {quant} | {r['set']} | {_f(r['plain_tokens_per_s'], 1)} | "
             f"{r['dspark_mode'] or ''} | {_f(r['dspark_speedup'], 2, 'x')} | "
             f"{_f(r['dspark_tau'])} | {_f(r['break_even_tau'])} | "
             f"{_pct(r['dspark_output_equals_plain'])} | {_f(r['ngram_speedup'], 2, 'x')} | "

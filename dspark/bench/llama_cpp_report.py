@@ -25,6 +25,7 @@ from dspark.bench.llama_cpp import (
 from dspark.bench.llama_cpp_advice import recommendation
 from dspark.bench.llama_cpp_curve import server_curve
 from dspark.bench.llama_cpp_rounds import decoder_rounds
+from dspark.engines.llama_server import weight_mix
 from dspark.eval.prompts import load_dataset, render
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_name
@@ -219,11 +220,13 @@ def _f(x, d: int = 1) -> str:
 
 def render_markdown(results: dict, png: str | None) -> str:
     c = results["conditions"]
+    mix = weight_mix(c.get("target_weight_types"))  # a quant's name is not its tensors' types
     lines = [
         "# llama.cpp engine benchmark",
         "",
         f"Conditions: {c['cpu']}, {c['engine']} ({c.get('xllamacpp', 'native build')}), "
-        f"{c['threads']} threads, target `{c['target_gguf']}` ({c['target_file_type']}), draft "
+        f"{c['threads']} threads, target `{c['target_gguf']}` ({c['target_file_type']}"
+        f"{': ' + mix if mix else ''}), draft "
         f"`{c['draft_gguf']}` ({c['draft_file_type']}), block size {c['block_size']}, T=0, "
         f"batch 1, first {c['prompts_per_set']} prompts of each set (first turn), "
         f"{c['max_new_tokens']} new tokens at most. tok/s is llama.cpp's decode phase "

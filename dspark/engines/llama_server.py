@@ -230,6 +230,7 @@ def engine_conditions(settings: EngineSettings) -> dict:
         "parallel": settings.parallel,
         "target_gguf": os.path.basename(settings.target_gguf),
         "target_file_type": gguf_file_type(settings.target_gguf),
+        "target_weight_types": gguf_weight_types(settings.target_gguf),
         "draft_gguf": os.path.basename(settings.draft_gguf or "") or None,
         "draft_file_type": gguf_file_type(settings.draft_gguf) if settings.draft_gguf else None,
         "confidence_cut_flag": confidence_cut_flag(settings.server_bin),
@@ -260,6 +261,33 @@ def gguf_file_type(path: str) -> str | None:
         return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_")
     except ValueError:
         return str(value)
+
+
+def gguf_weight_types(path: str) -> dict[str, float] | None:
+    """Each tensor type's share of a GGUF's weights, largest first (`{"Q5_0": 0.58, ...}`), or
+    None. A file's quant name is not its content: `llama-quantize` falls back from a K-quant to
+    Q5_0 / Q8_0 / Q6_K for rows that are not a multiple of 256 wide (SmolLM2's 576), and which
+    kernels a verify pass takes follows the tensors' types."""
+    try:
+        import gguf  # optional: gguf
+    except ImportError:
+        return None
+    sizes: dict[str, int] = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        name = tensor.tensor_type.name
+        sizes[name] = sizes.get(name, 0) + int(tensor.n_elements)
+    total = sum(sizes.values())
+    if not total:
+        return None
+    ranked = sorted(sizes.items(), key=lambda kv: -kv[1])
+    return {name: round(n / total, 4) for name, n in ranked}
+
+
+def weight_mix(shares: dict[str, float] | None) -> str:
+    """`Q5_0 58%, Q8_0 22%, ...` for a GGUF of several tensor types; empty for one type or none."""
+    if not shares or len(shares) < 2:
+        return ""
+    return ", ".join(f"{name} {share:.0%}" for name, share in shares.items() if share >= 0.005)
 
 
 def target_gguf_of(target: str, target_gguf: str | None) -> str:
