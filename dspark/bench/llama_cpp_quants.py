@@ -44,7 +44,7 @@ def quant_rows(by_quant: dict[str, dict], reference: dict[str, list[str]] | None
             ref = (reference or {}).get(name)
             out.append({
                 "quant": quant,
-                "weights": weight_mix((res.get("conditions") or {}).get("target_weight_types")),
+                "target_weight_types": (res.get("conditions") or {}).get("target_weight_types"),
                 "set": name,
                 "plain_tokens_per_s": plain["tokens_per_s"],
                 "dspark_mode": dspark["name"] if dspark else None,
@@ -79,7 +79,8 @@ def render(rows: list[dict], conditions: dict) -> str:
     ]
     for r in rows:
         agree = r["plain_vs_bundled_greedy"] or {}
-        quant = f"{r['quant']} ({r['weights']})" if r.get("weights") else r["quant"]
+        mix = weight_mix(r.get("target_weight_types"))
+        quant = f"{r['quant']} ({mix})" if mix else r["quant"]
         lines.append(
             f"| {quant} | {r['set']} | {_f(r['plain_tokens_per_s'], 1)} | "
             f"{r['dspark_mode'] or ''} | {_f(r['dspark_speedup'], 2, 'x')} | "
