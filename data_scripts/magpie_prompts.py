@@ -157,8 +157,7 @@ def main(argv=None) -> int:
             if dtype == "auto":
                 cast_to_fastest(model, job="plain", batch=a.batch_size, out_dir=a.output)
             backend = DecoderBackend(model, tok, batch_size=a.batch_size)
-            cond = {"engine": "dspark decoder", "dtype": str(model.dtype).removeprefix("torch."),
-                    "threads": torch.get_num_threads()}  # fmt: skip
+            cond = {**backend.conditions(), "threads": torch.get_num_threads()}
             generator = "decoder"
         filters = Filters(
             min_chars=a.min_chars,

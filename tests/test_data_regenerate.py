@@ -84,6 +84,9 @@ def test_multi_turn_feeds_back_own_answers(backend, tmp_path):
     summary = json.loads((tmp_path / SUMMARY).read_text())
     assert summary["tokens_per_s"] > 0 and summary["rows_in_output"] == len(PROMPTS)
     assert 0 < summary["cpu_s"]  # the process's CPU time: the build's CPU-hours add these up
+    (run,) = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    if isinstance(backend, DecoderBackend):  # a run's speed names the rows decoding at once
+        assert (run["engine"], run["dtype"], run["live_batch"]) == ("dspark decoder", "float32", 2)
 
 
 @pytest.mark.parametrize(

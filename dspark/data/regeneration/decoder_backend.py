@@ -63,6 +63,11 @@ class DecoderBackend(TokenIdBackend):
     def device(self):
         return self.decoder.device
 
+    def conditions(self) -> dict:
+        """What the answers' speed and numerics depend on: engine, dtype, rows decoding at once."""
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return {"engine": "dspark decoder", "dtype": dtype, "live_batch": self.batch_size}
+
     def generate_ids(
         self, ids: list[list[int]], seeds, sampling: SamplingConfig
     ) -> list[list[int] | GenerationFailed]:

@@ -159,7 +159,8 @@ def regenerate(
     )
     write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")
     with open(out / RUNS, "a", encoding="utf-8") as f:  # every run's cost: a build's CPU-hours
-        # a server backend names its engine, quant, threads and slots (LlamaCppBackend)
+        # the backend names its engine: dtype and live batch (DecoderBackend), or quant,
+        # threads and slots (LlamaCppBackend)
         engine = backend.conditions() if hasattr(backend, "conditions") else {}
         f.write(json.dumps({**stats, "threads": _torch_threads(), **engine}) + "\n")
     if log:
