@@ -39,18 +39,8 @@ __all__ = [
     "DSparkConfig",
     "choose_mask_token_id",
     "default_target_layer_ids",
-    "markov_head_types",
     "target_family",
 ]
-
-
-def markov_head_types() -> tuple[str, ...]:
-    """The Markov head types, the one list: the registered heads' names
-    (dspark/modeling/heads.py; a module that registers another head adds its name). The
-    schema's choices and `DSparkConfig`'s check read it."""
-    from dspark.modeling.heads import MARKOV_HEADS  # cycle: dspark.modeling.heads imports this
-
-    return tuple(MARKOV_HEADS)
 
 
 # Every draft, whatever its target's family, is built from Qwen3-style decoder layers (q/k
@@ -182,11 +172,6 @@ class DSparkConfig(PretrainedConfig):
         if self.target_model_type not in TARGET_FAMILIES:
             raise ValueError(
                 f"target_model_type must be one of {TARGET_FAMILIES} (got {self.target_model_type!r})"
-            )
-        if self.markov_head_type not in markov_head_types():
-            raise ValueError(
-                f"unknown markov_head_type {self.markov_head_type!r}; use one of "
-                f"{markov_head_types()}"
             )
         if int(self.markov_rank) < 0:
             raise ValueError(

@@ -86,7 +86,6 @@ def test_config_copies_target(tiny_target, arch):
         ({"target_layer_ids": [0, 7]}, "out of range"),
         ({"target_layer_ids": [2, 1]}, "strictly increasing"),
         ({"block_size": 0}, "block_size"),
-        ({"markov_head_type": "lstm"}, "markov_head_type"),
         ({"mask_token_id": 10_000}, "outside the vocabulary"),
     ],
 )
@@ -95,6 +94,13 @@ def test_config_validation(tiny_target, kw, msg):
     kw = {"mask_token_id": 5, **kw}
     with pytest.raises(ValueError, match=msg):
         DSparkConfig.from_target_config(target.config, **kw)
+
+
+def test_unknown_markov_head_is_refused_when_the_draft_is_built(tiny_target):
+    target, _ = tiny_target("qwen3")
+    cfg = DSparkConfig.from_target_config(target.config, mask_token_id=5, markov_head_type="lstm")
+    with pytest.raises(ValueError, match=r"markov_head_type 'lstm'.*'vanilla'"):
+        DSparkDraftModel.from_target(target, cfg)
 
 
 def test_markov_rank_0_means_confidence_on_h_k_alone(tiny_target, tmp_path):

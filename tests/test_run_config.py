@@ -144,8 +144,8 @@ def test_draft_and_loss_defaults_have_one_source():
     import dspark.objectives.dspark as objective_module
     import dspark.objectives.dspark_settings as settings_module
     import dspark.training.schema as schema_module
-    from dspark.config import NUM_TARGET_FEATURES, DSparkConfig, markov_head_types
-    from dspark.modeling.heads import MARKOV_HEADS
+    from dspark.config import NUM_TARGET_FEATURES, DSparkConfig
+    from dspark.modeling.heads import MARKOV_HEADS, markov_head_types
     from dspark.objectives import LOSS_WEIGHTS, DSparkObjective, DSparkSettings
     from dspark.training.schema import _CHOICES, DraftConfig
 

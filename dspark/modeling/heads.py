@@ -31,9 +31,16 @@ if TYPE_CHECKING:
     from dspark.config import DSparkConfig
 
 # The Markov heads a draft can name (`markov_head_type`), keyed by name; each head registers
-# itself here (`register_markov_head`), and the configs' allowed names are these keys
-# (`dspark.config.markov_head_types`): a new head is one module, registered on import.
+# itself here (`register_markov_head`), and the run schema's allowed names are these keys
+# (`markov_head_types`): a new head is one module, registered on import.
 MARKOV_HEADS: dict[str, type[MarkovHead]] = {}
+
+
+def markov_head_types() -> tuple[str, ...]:
+    """The Markov head types, the one list: the registered heads' names (a module that
+    registers another head adds its name). The run schema's choices and the draft's build
+    read it."""
+    return tuple(MARKOV_HEADS)
 
 
 def register_markov_head(name: str):
@@ -148,6 +155,11 @@ class RNNMarkovHead(MarkovHead):
 def build_markov_head(config: DSparkConfig) -> MarkovHead | None:
     if int(config.markov_rank) == 0:
         return None
+    if config.markov_head_type not in MARKOV_HEADS:
+        raise ValueError(
+            f"unknown markov_head_type {config.markov_head_type!r}; use one of "
+            f"{markov_head_types()}"
+        )
     return MARKOV_HEADS[config.markov_head_type](config)
 
 

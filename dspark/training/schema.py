@@ -20,8 +20,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from dspark.config import NUM_TARGET_FEATURES, DSparkConfig, markov_head_types
+from dspark.config import NUM_TARGET_FEATURES, DSparkConfig
 from dspark.errors import BadInputError
+from dspark.modeling.heads import markov_head_types
 from dspark.objectives import OBJECTIVES, objective_defaults, objective_settings
 from dspark.paths import find_dir
 
