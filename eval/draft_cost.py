@@ -8,7 +8,8 @@ Per export: the draft's tensors by part (features in, backbone, lm_head over the
 Markov head, confidence head, embedding) with their bytes and share of a slot's matmuls; plain
 decoding and the cost fit's probe modes measured in llama.cpp on the same prompts, prompt by
 prompt interleaved, the exports in forward then reverse order (`--repeats`); the fitted draft
-work per round (base + per slot) and its share of a round at n_max 1. Writes results.json,
+work per round (base + per slot) and its share of a round at n_max 1; llama.cpp's own timer
+of the draft's block decode per round, per mode. Writes results.json,
 report.md and draft_cost.png to --output-dir.
 """
 
@@ -100,17 +101,20 @@ def main(argv=None) -> None:
             prompts = rep.prompt_sets(load_tokenizer(a.target), sets, a.bench_dir, 0,
                                       a.num_prompts)  # fmt: skip
             runs = {t: {s: {m.name: ModeRun(m) for m in modes} for s in prompts} for t in ggufs}
+            timers: dict[str, dict[str, dict]] = {t: {} for t in ggufs}
             for rep_no in range(a.repeats):
                 order = list(ggufs) if rep_no % 2 == 0 else list(reversed(ggufs))
                 for t in order:
                     print(f"== pass {rep_no + 1}: draft {t}", flush=True)
                     settings = EngineSettings(target_gguf, ggufs[t], threads=a.threads,
-                                              server_bin=str(server))  # fmt: skip
-                    got = run_modes(settings, modes, prompts, a.max_new_tokens)
+                                              server_bin=str(server), draft_timer=True)  # fmt: skip
+                    timed: dict[str, dict] = {}
+                    got = run_modes(settings, modes, prompts, a.max_new_tokens, draft_timers=timed)
+                    dc.add_timers(timers[t], timed)
                     for s, by_mode in got.items():
                         for name, run in by_mode.items():
                             runs[t][s][name].completions += run.completions
-            rows = [dc.measured_row(t, dc.tensor_parts(g), runs[t], probes)
+            rows = [dc.measured_row(t, dc.tensor_parts(g), runs[t], probes, timers[t])
                     for t, g in ggufs.items()]  # fmt: skip
             chosen = dc.choose(rows)
             settings = EngineSettings(target_gguf, ggufs[chosen["export"]], threads=a.threads,

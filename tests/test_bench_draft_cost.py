@@ -85,6 +85,25 @@ def test_the_round_split_is_fitted_back_and_the_cheaper_export_at_equal_tau_chos
     assert "Choice: **q4_0**" in md and "| q4_0 |" in md
 
 
+def test_llama_cpp_s_own_block_timer_is_summed_over_passes_and_set_against_the_round():
+    probes = [Mode("draft-dspark", 1, 0.0), Mode("draft-dspark", 4, 0.0)]
+    runs = _runs(10.0, 2.0, 1.0, 4.0, {1: 1.5, 4: 2.0}, probes)  # 4 requests x 60 tokens
+    timers: dict = {}
+    dc.add_timers(timers, {probes[1].name: {"draft_calls": 70, "draft_ms": 210.0}})
+    dc.add_timers(timers, {probes[1].name: {"draft_calls": 50, "draft_ms": 150.0}})
+    assert timers == {probes[1].name: {"draft_calls": 120, "draft_ms": 360.0}}
+    parts = {p: {"params": 0, "bytes": 1000, "slot_share": 0.0, "types": []} for p in dc.PARTS}
+    row = dc.measured_row("q8_0", parts, runs, probes, timers)
+    untimed, four = row["grid"]
+    assert untimed["timed_block_ms"] is None and untimed["timed_block_share"] is None
+    # 360 ms over 120 block drafts: 3 ms each; a round at n_max 4, tau 2: 10 + 2 + 4 + 4 x 4 = 32 ms
+    assert four["timed_block_ms"] == pytest.approx(3.0)
+    assert four["round_ms"] == pytest.approx(32.0, rel=0.01)
+    assert four["timed_block_share"] == pytest.approx(3 / 32, rel=0.01)
+    md = dc.render([row], row, {"cpu": "x"})
+    assert "| q8_0 | 4 | 0 | 2.00 | 32.00 | 3.00 | 9% |" in md
+
+
 def test_the_script_without_a_server_is_one_error_line(tiny_target, tmp_path, capsys, monkeypatch):
     spec = importlib.util.spec_from_file_location("draft_cost", REPO / "eval" / "draft_cost.py")
     mod = importlib.util.module_from_spec(spec)

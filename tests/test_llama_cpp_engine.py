@@ -321,3 +321,89 @@ def test_a_gguf_s_weight_types_are_its_tensors_shares_by_elements(tmp_path):
     assert shares == pytest.approx({"Q8_0": 256 / 448, "F32": 128 / 448, "F16": 64 / 448}, abs=1e-4)
     assert weight_mix(shares) == "Q8_0 57%, F32 29%, F16 14%"
     assert weight_mix({"Q4_0": 1.0}) == "" and weight_mix(None) == ""
+
+
+# llama.cpp's statistics lines as its server logs them at trace level (common/speculative.cpp)
+STATS = (
+    "0.03.086.413 I spec common_specu: statistics     draft-dspark: #calls(b,g,a) =    2     98"
+    "     98, #gen drafts =     98, #acc drafts =    76, #gen tokens =    291, #acc tokens =   172,"
+    " #mean acc len = 2.76, #acc rate/pos = (0.776, 0.592, 0.388), dur(b,g,a) = 0.008, 361.318,"
+    " 0.079 ms\n"
+    "0.03.100.000 I spec common_specu: statistics        ngram-mod: #calls(b,g,a) =    2     50"
+    "     50, #gen drafts =      3, #acc drafts =     1, #gen tokens =     64, #acc tokens =     2,"
+    " dur(b,g,a) = 0.001, 9.500, 0.010 ms\n"
+    "0.04.610.401 I spec common_specu: statistics     draft-dspark: #calls(b,g,a) =    3    163"
+    "    163, #gen drafts =    163, #acc drafts =   133, #gen tokens =    486, #acc tokens =   297,"
+    " #mean acc len = 2.82, #acc rate/pos = (0.816, 0.595, 0.411), dur(b,g,a) = 0.012, 594.748,"
+    " 0.116 ms\n"
+)
+
+
+def test_the_draft_timer_is_llama_cpp_s_last_draft_dspark_statistics():
+    from dspark.engines.llama_server import parse_draft_timer
+
+    # cumulative over the server's life: the last draft-dspark line counts, not n-gram's
+    assert parse_draft_timer(STATS) == {"draft_calls": 163, "draft_ms": 594.748}
+    assert parse_draft_timer(STATS.splitlines()[0]) == {"draft_calls": 98, "draft_ms": 361.318}
+    assert parse_draft_timer("slot print_timing: eval time = 1 ms") is None
+
+
+FAKE_SERVER = r"""#!{python}
+# a stand-in llama-server: /health, /v1/completions; logs a draft-dspark statistics line
+# (cumulative, 4 block drafts of 2.5 ms a request) to --log-file when it drafts
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+a = sys.argv
+if "--help" in a:
+    sys.exit(0)
+port = int(a[a.index("--port") + 1])
+log = a[a.index("--log-file") + 1] if "--log-file" in a else None
+assert (log is None) or a[a.index("-lv") + 1] == "4"
+n = [0]
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *x):
+        pass
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self.reply({{"status": "ok"}})
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        n[0] += 1
+        if log:
+            with open(log, "a") as f:
+                f.write("I spec common_specu: statistics     draft-dspark: #calls(b,g,a) = %d %d %d,"
+                        " dur(b,g,a) = 0.001, %.3f, 0.002 ms\n" % (n[0], 4 * n[0], 4 * n[0], 10.0 * n[0]))
+        self.reply({{"choices": [{{"text": "x"}}], "timings": {{"predicted_n": 8, "predicted_ms": 40.0,
+                    "draft_n": 6, "draft_n_accepted": 4}}}})
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_run_modes_reads_each_drafting_server_s_own_timer(tmp_path, monkeypatch):
+    import sys
+    import tempfile
+
+    from dspark.bench.llama_cpp import run_modes
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the servers' logs go
+
+    fake = tmp_path / "llama-server"
+    fake.write_text(FAKE_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    modes = [Mode(), Mode("draft-dspark", 3)]
+    s = EngineSettings("t.gguf", "d.gguf", server_bin=str(fake), draft_timer=True)
+    timers: dict = {}
+    runs = run_modes(s, modes, {"p": [[1], [2]]}, 8, progress=lambda m: None, draft_timers=timers)
+    # one warm-up and two prompts: 12 block drafts in 30 ms; plain decoding has no timer
+    assert timers == {"dspark n_max=3 p_min=0": {"draft_calls": 12, "draft_ms": 30.0}}
+    assert runs["p"]["plain"].tokens == 16
+    assert not list(tmp_path.glob("llama-server-*.log"))  # each log goes with its server
+    untimed: dict = {}
+    run_modes(EngineSettings("t.gguf", "d.gguf", server_bin=str(fake)), modes, {"p": [[1]]}, 8,
+              progress=lambda m: None, draft_timers=untimed)  # fmt: skip
+    assert untimed == {}

@@ -19,6 +19,12 @@ Measured work: per export, llama.cpp runs plain decoding and the probe modes of 
 + `per_slot * n_max`) and the target's verify work per drafted token. The choice is the export
 with the least draft work per round among those whose tau at `n_max` 1 is within
 `TAU_TOLERANCE` of the best (equal acceptance, cheaper round).
+
+llama.cpp also times the draft's block decode itself (`NativeServer.draft_timer`, its own
+statistics read from the server's log): a direct measure beside the fit. The fit's `base +
+per_slot` holds whatever a round costs beyond llama-bench's verify curve, the target's share
+too: the server's verify pass outputs logits for every drafted row, llama-bench's pass for the
+last row only.
 """
 
 from __future__ import annotations
@@ -79,20 +85,38 @@ def tensor_parts(gguf_path: str | os.PathLike) -> dict[str, dict]:
     return out
 
 
+def add_timers(total: dict[str, dict], timers: dict[str, dict]) -> None:
+    """Sum llama.cpp's draft timers (`run_modes(draft_timers=...)`) of one pass into `total`."""
+    for name, t in timers.items():
+        row = total.setdefault(name, {"draft_calls": 0, "draft_ms": 0.0})
+        row["draft_calls"] += t["draft_calls"]
+        row["draft_ms"] += t["draft_ms"]
+
+
+def timed_block_ms(timers: dict[str, dict], mode: Mode) -> float | None:
+    """llama.cpp's own milliseconds per block draft of `mode`, if it was timed."""
+    t = timers.get(mode.name)
+    return t["draft_ms"] / t["draft_calls"] if t and t["draft_calls"] else None
+
+
 def measured_row(name: str, parts: dict, runs: dict[str, dict[str, ModeRun]],
-                 probes: list[Mode]) -> dict:  # fmt: skip
-    """One export: its modes' figures, the fitted round cost, and the draft's share of a round
-    at `n_max` 1 with that mode's measured drafts per round."""
+                 probes: list[Mode], timers: dict[str, dict] | None = None) -> dict:  # fmt: skip
+    """One export: its modes' figures, the fitted round cost, llama.cpp's own timer of the
+    block draft per mode (with `timers`), and the draft's share of a round at `n_max` 1 with
+    that mode's measured drafts per round."""
     plain = pooled(runs, Mode("none"))
     step_ms = 1e3 * plain.seconds / plain.tokens
     grid = []
     for mode in probes:
         run = pooled(runs, mode)
         s = run.summary(plain)
+        block_ms = timed_block_ms(timers or {}, mode)
+        share = block_ms / s["round_ms"] if block_ms is not None and s["round_ms"] else None
         grid.append({"n_max": mode.n_max, "p_min": mode.p_min, "rounds": run.rounds,
                      "drafted": run.drafted, "decode_ms": 1e3 * run.seconds,
                      "tau": s["tau"], "tokens_per_s": s["tokens_per_s"],
-                     "speedup": s.get("speedup_vs_plain")})  # fmt: skip
+                     "speedup": s.get("speedup_vs_plain"), "round_ms": s["round_ms"],
+                     "timed_block_ms": block_ms, "timed_block_share": share})  # fmt: skip
     cost = flags.fit_round_cost(grid, step_ms)
     one = min(grid, key=lambda g: (g["n_max"], g["p_min"]))  # n_max 1, p_min 0 where probed
     drafted = one["drafted"] / max(one["rounds"], 1)
@@ -153,6 +177,17 @@ def render(rows: list[dict], chosen: dict, conditions: dict) -> str:
             f"{one['draft_ms']:.2f} | {one['draft_share']:.0%} | {one['tau']:.2f} | "
             f"{one['break_even_tau']:.2f} | {_x(one['speedup'])} |"
         )
+    timed = [(r["export"], g) for r in rows for g in r["grid"] if g.get("timed_block_ms")]
+    if timed:
+        lines += ["", "llama.cpp's own timer of the draft's block decode (and its sampling) per "
+                  "round, against the measured round (the draft's other decode each round, of "
+                  "the accepted tokens' features into its cache, has no timer in llama.cpp):",
+                  "", "| export | n_max | p_min | tau | round ms | block draft ms | share of the "
+                  "round |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for export, g in timed:
+            lines.append(f"| {export} | {g['n_max']} | {g['p_min']:g} | {g['tau']:.2f} | "
+                         f"{g['round_ms']:.2f} | {g['timed_block_ms']:.2f} | "
+                         f"{g['timed_block_share']:.0%} |")  # fmt: skip
     lines += ["", f"Choice: **{chosen['export']}**, the least draft work per round "
               f"({chosen['n_max_1']['draft_ms']:.2f} ms, {chosen['n_max_1']['draft_share']:.0%} "
               f"of a round at n_max 1) among exports whose tau at n_max 1 is within "

@@ -167,8 +167,11 @@ def run_modes(
     max_new_tokens: int,
     warmup: int = 1,
     progress=print,
+    draft_timers: dict | None = None,
 ) -> dict[str, dict[str, ModeRun]]:
-    """`{set: {mode name: ModeRun}}`, the modes interleaved prompt by prompt.
+    """`{set: {mode name: ModeRun}}`, the modes interleaved prompt by prompt. With
+    `draft_timers` (a dict) and `settings.draft_timer`, each drafting mode's llama.cpp timer
+    over the whole run (warm-up included) is put there under its name (`NativeServer.draft_timer`).
 
     Every mode's engine is open at once (each holds its own copy of the models and its KV
     cache) and warmed up on the first prompt; then each prompt is decoded by every mode in
@@ -197,6 +200,11 @@ def run_modes(
                     done = engine.complete(prompt, max_new_tokens)
                     out[name][mode.name].completions.append(done)
                 turn += 1
+        if draft_timers is not None:
+            for mode, engine in engines:
+                timer = engine.draft_timer() if hasattr(engine, "draft_timer") else None
+                if timer is not None:
+                    draft_timers[mode.name] = timer
     finally:
         for _, engine in engines:
             engine.close()

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class EngineSettings:
     verbose: bool = False  # llama.cpp's own log lines (model loading, each request) on stderr
     parallel: int = 1  # server slots (`-np`): requests decoded together; ctx is split among them
     extra_args: tuple[str, ...] = ()  # more llama-server flags (e.g. the draft on an RPC node)
+    draft_timer: bool = False  # native server: log llama.cpp's own draft timing (`draft_timer`)
 
 
 # The flag of the draft-dspark confidence cut (the block is cut at the first position whose
@@ -181,6 +183,13 @@ class NativeServer:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [str(settings.server_bin), *server_args(settings, mode)]
         cmd += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.log_path: Path | None = None
+        if settings.draft_timer and mode.spec != "none":
+            # the speculative statistics are logged at trace level (4), into a file of its own
+            fd, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+            cmd += ["--log-file", name, "-lv", "4"]
         quiet = None if settings.verbose else subprocess.DEVNULL
         self._proc = subprocess.Popen(cmd, stdout=quiet, stderr=quiet, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + start_timeout_s
@@ -199,12 +208,44 @@ class NativeServer:
     def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
         return post_json(self.url + path, body, timeout_s)
 
+    def draft_timer(self) -> dict | None:
+        """llama.cpp's own timer of the draft so far (`parse_draft_timer`), or None when the
+        server was not started with `draft_timer` or has not drafted yet."""
+        if self.log_path is None:
+            return None
+        time.sleep(0.2)  # the last request's statistics are logged as its slot is released
+        return parse_draft_timer(self.log_path.read_text(errors="replace"))
+
     def close(self) -> None:
         self._proc.terminate()
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
+        if self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+
+
+# llama.cpp's speculative statistics (common/speculative.cpp, trace level, logged as each
+# request's slot is released, cumulative over the server's life), e.g.
+#   statistics draft-dspark: #calls(b,g,a) = 9 619 619, ... dur(b,g,a) = 0.036, 2243.403, 0.393 ms
+# g counts the block drafts and their milliseconds: the draft's decode of the block and its
+# sampling. The other decode of the draft each round (folding the accepted tokens' target
+# features into its K/V cache, `process`) has no timer there, so this is a lower bound.
+_DRAFT_STATS = re.compile(
+    r"statistics\s+draft-dspark:\s+#calls\(b,g,a\)\s*=\s*\d+\s+(\d+)\s+\d+.*?"
+    r"dur\(b,g,a\)\s*=\s*[\d.]+,\s*([\d.]+),\s*[\d.]+\s*ms"
+)
+
+
+def parse_draft_timer(log_text: str) -> dict | None:
+    """`{"draft_calls", "draft_ms"}` from the last draft-dspark statistics line of a
+    llama-server log (block drafts so far and their total milliseconds), or None."""
+    hits = _DRAFT_STATS.findall(log_text)
+    if not hits:
+        return None
+    calls, ms = hits[-1]
+    return {"draft_calls": int(calls), "draft_ms": float(ms)}
 
 
 Server = InProcessServer | NativeServer
