@@ -407,3 +407,18 @@ def test_run_modes_reads_each_drafting_server_s_own_timer(tmp_path, monkeypatch)
     run_modes(EngineSettings("t.gguf", "d.gguf", server_bin=str(fake)), modes, {"p": [[1]]}, 8,
               progress=lambda m: None, draft_timers=untimed)  # fmt: skip
     assert untimed == {}
+
+
+def test_a_server_that_dies_at_start_leaves_no_log(tmp_path, monkeypatch):
+    import tempfile
+
+    from dspark.engines.llama_server import NativeServer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "llama-server"
+    dead.write_text("#!/bin/sh\nexit 3\n")
+    dead.chmod(0o755)
+    s = EngineSettings("t.gguf", "d.gguf", server_bin=str(dead), draft_timer=True)
+    with pytest.raises(RuntimeError, match=r"exited with 3.*'--log-file', .*'-lv', '4'"):
+        NativeServer(s, Mode("draft-dspark", 3))
+    assert not list(tmp_path.glob("llama-server-*.log"))

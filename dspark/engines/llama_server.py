@@ -195,6 +195,7 @@ class NativeServer:
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                self.close()  # its log file too
                 raise RuntimeError(f"llama-server exited with {self._proc.returncode}: {cmd}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
@@ -213,8 +214,16 @@ class NativeServer:
         server was not started with `draft_timer` or has not drafted yet."""
         if self.log_path is None:
             return None
-        time.sleep(0.2)  # the last request's statistics are logged as its slot is released
-        return parse_draft_timer(self.log_path.read_text(errors="replace"))
+        # the last request's statistics are logged as its slot is released, which may follow
+        # its reply: read until two reads 0.1 s apart agree (2 s at most)
+        seen = parse_draft_timer(self.log_path.read_text(errors="replace"))
+        for _ in range(20):
+            time.sleep(0.1)
+            now = parse_draft_timer(self.log_path.read_text(errors="replace"))
+            if now == seen:
+                break
+            seen = now
+        return seen
 
     def close(self) -> None:
         self._proc.terminate()
