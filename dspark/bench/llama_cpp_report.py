@@ -332,8 +332,9 @@ def cost_model_lines(tuning: dict) -> list[str]:
     )
     return [
         f"Cost model fitted to those runs (llama_cpp_flags): plain step {s:.2f} ms; a round adds "
-        f"{cost['base_ms']:.2f} ms of draft work whatever it drafts, {cost['per_slot_ms']:.2f} ms "
-        f"per n_max slot and {verify}, so even n_max 1 (one draft kept) needs tau >= "
+        f"{cost['base_ms']:.2f} ms whatever it drafts, {cost['per_slot_ms']:.2f} ms per n_max "
+        f"slot (the draft's decodes, and what a measured verify curve misses) and {verify}, "
+        f"so even n_max 1 (one draft kept) needs tau >= "
         f"{rc.round_ms(1, 1) / s:.2f} to break even. Acceptance from the bundled decoder's rounds on the same prompts "
         f"({r['count']} rounds, {r['decoder']}, "
         f"{'STS-calibrated' if r['calibrated'] else 'uncalibrated'} confidence).",
