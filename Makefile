@@ -168,8 +168,10 @@ smollm2: smollm2-draft
 # point is cut from this one build as soon as it is answered: `make smollm2-point N=1500`.
 DATA_CACHE := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/data
 LARGE := $(DATA_CACHE)/smollm2-large
-LARGE_CHAT_SAMPLES ?= 24000
-LARGE_CODE_SAMPLES ?= 8000
+# samples of chat and code prompts: ~16,300 and ~5,800 kept, >= 20,000 target-written prompts
+# and enough code for a 24,000-row mix (docs/results.md, "Data scale")
+LARGE_CHAT_SAMPLES ?= 18000
+LARGE_CODE_SAMPLES ?= 7000
 LARGE_CHAT_MIN ?= 8
 LARGE_CODE_MIN ?= 4
 LARGE_ANSWER_MIN ?= 15
