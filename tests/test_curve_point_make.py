@@ -17,8 +17,9 @@ def point_commands(large: Path, n: int, *args: str) -> str:
             "make",
             "-n",
             "--no-print-directory",
-            f"runs/curve/n{n}/results.json",
+            f"{large}/curve/n{n}/results.json",
             f"LARGE={large}",
+            f"CURVE={large}/curve",  # not the checkout's runs/, where the point may exist
             *args,
         ],  # fmt: skip
         cwd=ROOT,
