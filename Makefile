@@ -168,7 +168,7 @@ smollm2: smollm2-draft
 # point is cut from this one build as soon as it is answered: `make smollm2-point N=1500`.
 DATA_CACHE := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/data
 LARGE := $(DATA_CACHE)/smollm2-large
-# samples of chat and code prompts: ~16,300 and ~5,800 kept, >= 20,000 target-written prompts
+# samples of chat and code prompts: 16,335 and 5,834 kept, >= 20,000 target-written prompts
 # and enough code for a 24,000-row mix (docs/results.md, "Data scale")
 LARGE_CHAT_SAMPLES ?= 18000
 LARGE_CODE_SAMPLES ?= 7000
