@@ -65,7 +65,7 @@ class DecoderBackend(TokenIdBackend):
 
     def conditions(self) -> dict:
         """What the answers' speed and numerics depend on: engine, dtype, rows decoding at once."""
-        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        dtype = str(self.model.dtype).removeprefix("torch.")
         return {"engine": "dspark decoder", "dtype": dtype, "live_batch": self.batch_size}
 
     def generate_ids(
