@@ -22,6 +22,7 @@ import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loa
 from dspark.bench import draft_cost as dc
 from dspark.bench import llama_cpp_report as rep
 from dspark.bench.llama_cpp import EngineSettings, Mode, ModeRun, engine_conditions, run_modes
+from dspark.bench.llama_cpp_tune import tune_modes
 from dspark.engines.llama_server import native_server_bin, target_gguf_of
 from dspark.errors import BadInputError, require_draft_dir, user_errors
 from dspark.export.gguf import OUTTYPES, write_gguf
@@ -95,7 +96,7 @@ def main(argv=None) -> None:
             ggufs = {t: str(write_gguf(a.draft, out / f"draft.{t}.gguf", target=a.target,
                                        outtype=t, overwrite=True)) for t in a.outtypes}  # fmt: skip
             block, has_conf = rep.draft_gguf_shape(next(iter(ggufs.values())))
-            probes = rep.tune_modes(block, has_conf, "model")
+            probes = tune_modes(block, has_conf, "model")
             modes = [Mode("none"), *probes]
             sets = [s.strip() for s in a.datasets.split(",") if s.strip()]
             prompts = rep.prompt_sets(load_tokenizer(a.target), sets, a.bench_dir, 0,

@@ -92,15 +92,9 @@ def test_choice_prefers_short_blocks_when_a_slot_is_expensive_and_long_when_chea
     assert F.needed_tau(dear, 1, 1) == pytest.approx(1.7)
 
 
-def test_tune_by_model_fits_the_simulated_engine_and_takes_its_choice(monkeypatch):
-    """`tune(how="model")` on an engine simulated from a known cost and known confidences: the
-    fitted cost is that cost, and the chosen mode is the by-hand best of `choose_flags`."""
-    from dspark.bench import llama_cpp_report as rep
+def _simulated_engine(truth: F.RoundCost, conf, surv):
+    """`run_modes` of an engine whose rounds cost `truth` and accept with survival `surv`."""
     from dspark.bench.llama_cpp import Completion, ModeRun
-
-    truth = F.RoundCost(12.0, 8.0, 2.0, 1.0)
-    conf = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]] * 3 + [[0.3, 0.2, 0.2, 0.2, 0.2, 0.2]] * 3)
-    surv = F.calibrated_survival(conf, None)
 
     def fake_run_modes(settings, modes, prompts, max_new_tokens, progress=print):
         out = {"set": {}}
@@ -117,10 +111,23 @@ def test_tune_by_model_fits_the_simulated_engine_and_takes_its_choice(monkeypatc
             out["set"][m.name] = ModeRun(m, [c])
         return out
 
-    monkeypatch.setattr(rep, "run_modes", fake_run_modes)
+    return fake_run_modes
+
+
+def test_tune_by_model_fits_the_simulated_engine_and_takes_its_choice(monkeypatch):
+    """`tune(how="model")` on an engine simulated from a known cost and known confidences: the
+    fitted cost is that cost, and the chosen mode is the by-hand best of `choose_flags`."""
+    from dspark.bench import llama_cpp_tune as tu
+
+    truth = F.RoundCost(12.0, 8.0, 2.0, 1.0)
+    conf = np.array([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]] * 3 + [[0.3, 0.2, 0.2, 0.2, 0.2, 0.2]] * 3)
+    surv = F.calibrated_survival(conf, None)
+    monkeypatch.setattr(tu, "run_modes", _simulated_engine(truth, conf, surv))
     rounds = {"conf": conf, "survival": surv, "count": 6, "calibrated": False, "decoder": "x"}
-    chosen, info = rep.tune(None, 7, True, {"set": [[1]]}, 16, print, how="model", rounds=rounds)
+    chosen, info = tu.tune(None, 7, True, {"set": [[1]]}, 16, print, how="model", rounds=rounds)
     assert len(info["grid"]) == 4  # the probe, not the grid
+    # the engine accepts what the recorded rounds say: no shift
+    assert info["acceptance_shift"]["logits"] == pytest.approx(0.0, abs=0.01)
     for k, v in truth.as_dict().items():
         assert info["cost"][k] == pytest.approx(v, rel=1e-6), k
     best, _ = F.choose_flags(truth, conf, surv, 6)
@@ -128,3 +135,63 @@ def test_tune_by_model_fits_the_simulated_engine_and_takes_its_choice(monkeypatc
     # the probe's predictions reproduce what the simulated engine measured
     for g in info["grid"]:
         assert g["predicted"]["tokens_per_s"] == pytest.approx(g["tokens_per_s"], rel=1e-3)
+
+
+def test_shift_survival_moves_each_slot_by_the_same_logits_by_hand():
+    conf = np.array([[0.8, 0.5, NAN]])
+    surv = F.calibrated_survival(conf, None)  # 0.8, 0.4, NaN
+    moved = F.shift_survival(surv, math.log(0.25))  # odds x 1/4: 0.8 -> 0.5, 0.5 -> 0.2
+    assert moved[0, 0] == pytest.approx(0.5)
+    assert moved[0, 1] == pytest.approx(0.5 * 0.2)
+    assert math.isnan(moved[0, 2])
+    assert F.shift_survival(surv, 0.0)[0, :2] == pytest.approx(surv[0, :2])
+
+
+def test_tune_moves_the_acceptance_to_what_the_engine_accepted(monkeypatch):
+    """An engine that accepts less than the bundled decoder's rounds say (every slot's odds
+    divided by e^1.5, as a quantized target does): the fit finds that shift, and the choice is
+    the by-hand best under the engine's own acceptance, not the one the rounds alone give."""
+    from dspark.bench import llama_cpp_tune as tu
+
+    truth = F.RoundCost(10.0, 1.0, 1.0, 2.0)
+    conf = np.array([[0.95, 0.9, 0.9, 0.9, 0.9, 0.9]] * 6)
+    recorded = F.calibrated_survival(conf, None)
+    engine = F.shift_survival(recorded, -1.5)
+    monkeypatch.setattr(tu, "run_modes", _simulated_engine(truth, conf, engine))
+    rounds = {"conf": conf, "survival": recorded, "count": 6, "calibrated": False,
+              "decoder": "x"}  # fmt: skip
+    chosen, info = tu.tune(None, 7, True, {"set": [[1]]}, 16, print, how="model", rounds=rounds)
+    sh = info["acceptance_shift"]
+    assert sh["logits"] == pytest.approx(-1.5, abs=0.02)
+    assert sh["tau_bundled"] > sh["tau_llama_cpp"]
+    right, _ = F.choose_flags(truth, conf, engine, 6)
+    naive, _ = F.choose_flags(truth, conf, recorded, 6)
+    assert (chosen.n_max, chosen.p_min) == (right["n_max"], right["p_min"])
+    assert naive["n_max"] > right["n_max"]  # the rounds alone would draft longer
+    for g in info["grid"]:
+        assert g["predicted"]["tau"] == pytest.approx(g["tau"], rel=0.01)
+
+
+def test_the_report_says_how_far_llama_cpp_accepted_from_the_recorded_rounds():
+    from dspark.bench.llama_cpp_report import cost_model_lines
+
+    pick = {
+        "n_max": 1,
+        "p_min": 0.2,
+        "tokens_per_s": 126.7,
+        "tau": 1.4,
+        "plain_tokens_per_s": 131.6,
+    }
+    tuning = {
+        "cost": F.RoundCost(7.6, 1.64, 1.4, 0.0).as_dict(),
+        "model_choice": pick,
+        "how": "model",
+        "rounds": {"count": 201, "decoder": "bundled", "calibrated": False},
+        "acceptance_shift": {"logits": -0.83, "tau_bundled": 1.82, "tau_llama_cpp": 1.49},
+    }
+    text = "\n".join(cost_model_lines(tuning))
+    assert "moved by -0.83 logits" in text
+    assert "their tau 1.49" in text and "predict 1.82" in text
+    assert "tau >= 1.40" in text  # (7.6 + 1.64 + 1.4) / 7.6, no verify curve, per draft 0
+    del tuning["acceptance_shift"]
+    assert "uncalibrated confidence)." in "\n".join(cost_model_lines(tuning))

@@ -14,7 +14,7 @@ A slot's matmul work is about two flops per weight of the parts it multiplies th
 (backbone, lm_head, `markov_w2`, confidence): `slot_share` says which part dominates it.
 
 Measured work: per export, llama.cpp runs plain decoding and the probe modes of a cost fit
-(`llama_cpp_report.tune_modes(..., "model")`) on the same prompts, interleaved, and
+(`llama_cpp_tune.tune_modes(..., "model")`) on the same prompts, interleaved, and
 `llama_cpp_flags.fit_round_cost` splits a round into the plain step, the draft's work (`base`
 + `per_slot * n_max`) and the target's verify work per drafted token. The choice is the export
 with the least draft work per round among those whose tau at `n_max` 1 is within

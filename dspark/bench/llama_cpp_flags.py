@@ -18,7 +18,11 @@ leading slots k <= n_max with `c_k >= p_min` (it stops at the first below, compa
 sigmoid), and each drafted slot k is accepted with the STS-calibrated survival
 `S_k = prod_{i<=k} sigmoid(z_i / T_i)` (T the draft's `confidence_temperatures`, 1 when
 uncalibrated). A round yields `1 + sum_{k<=drafted} S_k` tokens (the bonus counted), so
-`predicted tok/s = sum tokens / sum round ms`.
+`predicted tok/s = sum tokens / sum round ms`. llama.cpp's target is not the bundled decoder's
+(quantized weights and activations) and it reads the draft's export, so it accepts less or
+more than those rounds say: `fit_acceptance_shift` moves every slot's acceptance by one logit
+shift `b`, `S_k = prod_{i<=k} sigmoid(logit(s_i) + b)`, fitted so the measured modes' accepted
+drafts are what llama.cpp counted.
 """
 
 from __future__ import annotations
@@ -115,12 +119,53 @@ def drafted_slots(conf: np.ndarray, n_max: int, p_min: float) -> np.ndarray:
     return np.cumprod(keep, axis=1).sum(axis=1)
 
 
-def predict(cost: RoundCost, conf: np.ndarray, survival: np.ndarray, n_max: int, p_min: float):
-    """Predicted tau, ms per round and tok/s of `(n_max, p_min)` over the recorded rounds."""
+def shift_survival(survival: np.ndarray, shift: float) -> np.ndarray:
+    """`[R, gamma]` survival with each slot's acceptance given the slots before it accepted,
+    `s_k = S_k / S_{k-1}`, moved by `shift` logits; NaN stays NaN."""
+    s = np.asarray(survival, float)
+    prev = np.concatenate([np.ones((s.shape[0], 1)), s[:, :-1]], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.clip(s / prev, 1e-6, 1 - 1e-6)
+    z = np.log(p) - np.log1p(-p) + shift
+    return np.cumprod(1.0 / (1.0 + np.exp(-z)), axis=1)
+
+
+def round_tokens(conf: np.ndarray, survival: np.ndarray, n_max: int, p_min: float):
+    """`[R]` drafted slots and expected tokens (the bonus counted) of `(n_max, p_min)` rounds."""
     d = drafted_slots(conf, n_max, p_min)
     surv = np.nan_to_num(np.asarray(survival, float)[:, :n_max])
     upto = np.arange(1, surv.shape[1] + 1)[None, :] <= d[:, None]
-    tokens = 1.0 + (surv * upto).sum(axis=1)
+    return d, 1.0 + (surv * upto).sum(axis=1)
+
+
+def fit_acceptance_shift(conf, survival, measured: list[dict], bound: float = 6.0) -> float:
+    """The logit shift `b` (within +-`bound`) under which the recorded rounds predict the
+    accepted drafts llama.cpp counted over `measured` modes (each `n_max`, `p_min`, `tau`,
+    `rounds`): `sum rounds * (tau - 1)` predicted = measured, each mode's prediction the mean
+    over the recorded rounds. Predicted acceptance rises with `b`, so bisection finds it."""
+    want = sum(m["rounds"] * (m["tau"] - 1.0) for m in measured)
+
+    def accepted(b: float) -> float:
+        s = shift_survival(survival, b)
+        return sum(
+            m["rounds"] * (round_tokens(conf, s, m["n_max"], m["p_min"])[1].mean() - 1.0)
+            for m in measured
+        )
+
+    lo, hi = -bound, bound
+    if accepted(lo) >= want:
+        return lo
+    if accepted(hi) <= want:
+        return hi
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if accepted(mid) < want else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def predict(cost: RoundCost, conf: np.ndarray, survival: np.ndarray, n_max: int, p_min: float):
+    """Predicted tau, ms per round and tok/s of `(n_max, p_min)` over the recorded rounds."""
+    d, tokens = round_tokens(conf, survival, n_max, p_min)
     ms = np.array([cost.round_ms(n_max, x) for x in d])
     return {
         "n_max": int(n_max),

@@ -3,8 +3,8 @@
 `bench(...)` decodes the first `num_prompts` conversations of each set (first user turn,
 rendered by the target's chat template into token ids, as eval/benchmark.py does) in
 llama.cpp: plain, `draft-dspark` for each (n_max, p_min) asked for, and n-gram speculation.
-With `tune`, it first measures (n_max, p_min) modes on the prompts after those and adds its
-choice to the measured modes. With `ours` (eval/benchmark.py's `results.json` on the same
+With tuning, it first measures (n_max, p_min) modes on the prompts after those
+(llama_cpp_tune.py) and adds its choice to the measured modes. With `ours` (eval/benchmark.py's `results.json` on the same
 draft and prompts) the report sets the bundled decoder's figures beside llama.cpp's; its
 "Serve with" line comes from llama_cpp_advice.py."""
 
@@ -18,19 +18,16 @@ from dspark.bench.llama_cpp import (
     EngineSettings,
     Mode,
     engine_conditions,
-    pooled,
     run_modes,
     server_args,
 )
 from dspark.bench.llama_cpp_advice import recommendation
-from dspark.bench.llama_cpp_curve import server_curve
 from dspark.bench.llama_cpp_rounds import decoder_rounds
+from dspark.bench.llama_cpp_tune import tune
 from dspark.engines.llama_server import weight_mix
 from dspark.eval.prompts import load_dataset, render
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_name
-
-P_MIN_GRID = (0.0, 0.5)  # confidence cut-offs tried per n_max (0: off)
 
 
 def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list[list[int]]]:
@@ -40,55 +37,6 @@ def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list
         convs = load_dataset(name, bench_dir, hi)[lo:hi]
         out[name] = [list(render(tokenizer, c[:1], [])) for c in convs]
     return out
-
-
-def tune_modes(block_size: int, has_confidence: bool, how: str) -> list[Mode]:
-    """The draft modes tuning measures: `grid` every n_max 1..block-1 x `P_MIN_GRID`; `model`
-    the three a cost fit needs (short and long blocks, and a p_min cut that drafts less at the
-    same n_max), the choice then coming from `llama_cpp_flags`."""
-    longest = max(1, block_size - 1)
-    if how == "model":
-        cut = 0.5 if has_confidence else 0.0
-        probe = {(1, 0.0), (longest, 0.0), (longest, cut), (max(1, longest // 2), 0.0)}
-        return [Mode("draft-dspark", n, p) for n, p in sorted(probe)]
-    p_grid = P_MIN_GRID if has_confidence else (0.0,)
-    return [Mode("draft-dspark", n, p) for n in range(1, block_size) for p in p_grid]
-
-
-def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_tokens, progress,
-         how: str = "grid", rounds=None):  # fmt: skip
-    """Measure `tune_modes` on `prompts` (pooled over their sets); the fastest measured mode, or
-    with `rounds` (`decoder_rounds`) under `how="model"` the cost model's choice; and the grid
-    with each mode's figures (and, with `rounds`, its predicted ones)."""
-    modes = [Mode("none"), *tune_modes(block_size, has_confidence, how)]
-    runs = run_modes(settings, modes, prompts, max_new_tokens, progress=progress)
-    plain = pooled(runs, modes[0])  # every tuning prompt of every set, as one run
-    grid: list[dict] = []
-    for mode in modes[1:]:
-        run = pooled(runs, mode)
-        r = run.summary(plain)
-        grid.append({"n_max": mode.n_max, "p_min": mode.p_min, "tokens_per_s": r["tokens_per_s"],
-                     "tau": r["tau"], "round_ms": r["round_ms"],
-                     "break_even_tau": r.get("break_even_tau"), "rounds": run.rounds,
-                     "drafted": run.drafted, "decode_ms": 1e3 * run.seconds})  # fmt: skip
-    best = max(grid, key=lambda g: g["tokens_per_s"] or 0.0)
-    out = {"grid": grid, "how": how, "plain_tokens_per_s": plain.tokens / plain.seconds}
-    chosen = Mode("draft-dspark", int(best["n_max"]), float(best["p_min"]))
-    if rounds is not None:
-        curve = server_curve(settings, block_size, progress)
-        out["verify_curve_ms"] = curve
-        cost = flags.fit_round_cost(grid, 1e3 * plain.seconds / plain.tokens, curve)
-        conf, surv = rounds["conf"], rounds["survival"]
-        for g in grid:
-            g["predicted"] = flags.predict(cost, conf, surv, g["n_max"], g["p_min"])
-        pick, table = flags.choose_flags(cost, conf, surv, max(1, block_size - 1))
-        out["cost"] = cost.as_dict()
-        out["model_choice"] = pick
-        out["model_table"] = table
-        out["rounds"] = {k: v for k, v in rounds.items() if k not in ("conf", "survival")}
-        if how == "model":
-            chosen = Mode("draft-dspark", pick["n_max"], pick["p_min"])
-    return chosen, out
 
 
 def bench(
@@ -335,9 +283,16 @@ def cost_model_lines(tuning: dict) -> list[str]:
         f"{cost['base_ms']:.2f} ms whatever it drafts, {cost['per_slot_ms']:.2f} ms per n_max "
         f"slot (the draft's decodes, and what a measured verify curve misses) and {verify}, "
         f"so even n_max 1 (one draft kept) needs tau >= "
-        f"{rc.round_ms(1, 1) / s:.2f} to break even. Acceptance from the bundled decoder's rounds on the same prompts "
-        f"({r['count']} rounds, {r['decoder']}, "
-        f"{'STS-calibrated' if r['calibrated'] else 'uncalibrated'} confidence).",
+        f"{rc.round_ms(1, 1) / s:.2f} to break even. Acceptance from the bundled decoder's rounds "
+        f"on the same prompts ({r['count']} rounds, {r['decoder']}, "
+        f"{'STS-calibrated' if r['calibrated'] else 'uncalibrated'} confidence)"
+        + (
+            f", each slot's moved by {sh['logits']:+.2f} logits to what llama.cpp accepted on the "
+            f"probes (their tau {sh['tau_llama_cpp']:.2f}; the rounds as recorded predict "
+            f"{sh['tau_bundled']:.2f})."
+            if (sh := tuning.get("acceptance_shift"))
+            else "."
+        ),
         "",
         f"Its choice: `--spec-draft-n-max {pick['n_max']} --spec-draft-p-min {pick['p_min']:g}`, "
         f"predicted {pick['tokens_per_s']:.1f} tok/s (tau {pick['tau']:.2f}) against plain "
