@@ -3,6 +3,7 @@ on the first N conversations of one data build (make smollm2-point N=...), read 
 run directory; one table, one PNG, and what the next doubling of data would buy.
 
     python eval/data_curve.py runs/curve --output runs/curve/report
+    python eval/data_curve.py runs/curve --recorded docs/data_curve_points.json  # + earlier points
 
 Per point (RUN_ROOT/n<N>/): held-out `tau_greedy` (training's results.json), decoder tau per
 bench set (benchmark/results.json), the training's wall seconds, and the data's CPU-hours: the
@@ -116,12 +117,30 @@ def data_cpu_hours(points: list[dict], answers: Path | None, mix: Path | None,
     per_row = None
     if answers is not None and (answers / "runs.jsonl").is_file():
         per_row = runs_cpu_s(answers / "runs.jsonl", "generated_tokens", "rows_done")
+    points = [p for p in points if not p.get("recorded")]  # those keep their own figures
+    if not points:
+        return
     per_prompt = {source: prompt_cpu_s(folder) for source, folder in prompt_sets.items()}
     sources = mix_sources(mix, max(p["n"] for p in points)) if mix and per_prompt else None
     for p in points:
         p["answers_cpu_h"] = None if per_row is None else per_row * p["n"] / 3600
         p["prompts_cpu_h"] = None if sources is None else sum(
             per_prompt.get(s, 0.0) for s in sources[: p["n"]]) / 3600  # fmt: skip
+
+
+def recorded_points(path: Path, have: set[int]) -> list[dict]:
+    """The points of an earlier report's curve.json (another build or machine) whose N has no
+    run here, each marked with the file it comes from; its figures are taken as recorded."""
+    try:
+        pts = json.loads(path.read_text(encoding="utf-8")).get("points")
+    except (OSError, ValueError, AttributeError) as e:
+        raise BadInputError(f"--recorded {path}: {e}; expected a curve.json that "
+                            "eval/data_curve.py wrote") from None  # fmt: skip
+    if not isinstance(pts, list) or not all(isinstance(p, dict) and "n" in p for p in pts):
+        raise BadInputError(f"--recorded {path}: no list of points with an `n` each; expected a "
+                            "curve.json that eval/data_curve.py wrote")  # fmt: skip
+    return [{**p, "n": int(p["n"]), "tau": p.get("tau") or {}, "recorded": str(path)}
+            for p in pts if int(p["n"]) not in have]  # fmt: skip
 
 
 def _source_dir(arg: str) -> tuple[str, Path]:
@@ -151,7 +170,7 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
     for p in points:
         taus = " | ".join(f(p["tau"].get(s), ".2f") for s in sets)
         tr = p.get("train_s")
-        lines.append(f"| {p['n']} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
+        lines.append(f"| {p['n']}{'*' if p.get('recorded') else ''} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
                      f"{f(p.get('train_tau_greedy'), '.3f')} | {p.get('limit') or ''} | {taus} | "
                      f"{f(p.get('prompts_cpu_h'), '.2f')} | {f(p.get('answers_cpu_h'), '.2f')} | "
                      f"{f(None if tr is None else tr / 3600, '.2f')} |")  # fmt: skip
@@ -159,6 +178,9 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         f"{k} {v:+.3f}" for k, v in gains.items() if v is not None) + ".",
         f"limit: `data` where the draft's tau on its training rows (last epoch) exceeds held-out "
         f"by {FIT_GAP} or more (what more rows would close), `capacity` below that."]  # fmt: skip
+    lines += [f"`*`: as recorded in {src} (another build's rows; a doubling across builds "
+              "also holds the difference between their draws)."
+              for src in sorted({p["recorded"] for p in points if p.get("recorded")})]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -169,16 +191,22 @@ def main(argv=None) -> None:
     ap.add_argument("--mix", default=None, help="the build's prompt mix (mix.jsonl)")
     ap.add_argument("--prompt-set", action="append", default=[], metavar="SOURCE=DIR",
                     help="a target-written prompt set of the mix (magpie_prompts.py's output)")  # fmt: skip
+    ap.add_argument("--recorded", default=None, metavar="CURVE_JSON",
+                    help="an earlier report's curve.json: its points of N not run under ROOT "
+                    "join the table and plot as recorded (marked *)")  # fmt: skip
     ap.add_argument("--output", default=None, help="default: ROOT/report")
     a = ap.parse_args(argv)
     with user_errors("data_curve"):
         root = Path(a.root)
         runs = sorted((p for p in root.glob("n*") if (p / "results.json").is_file()),
                       key=lambda p: int(p.name[1:]))  # fmt: skip
-        if not runs:
+        if not runs and not a.recorded:
             raise BadInputError(f"{root} holds no n<N>/results.json: train a point first "
                                 "(make smollm2-point N=1500)")  # fmt: skip
         points = [read_point(r) for r in runs]
+        if a.recorded:
+            points += recorded_points(Path(a.recorded), {p["n"] for p in points})
+            points.sort(key=lambda p: p["n"])
         prompt_sets = dict(_source_dir(x) for x in a.prompt_set)
         data_cpu_hours(points, Path(a.build) if a.build else None,
                        Path(a.mix) if a.mix else None, prompt_sets)  # fmt: skip

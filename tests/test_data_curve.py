@@ -109,3 +109,34 @@ def test_no_point_is_one_error_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         data_curve.main([str(tmp_path)])
     assert e.value.code == 2 and "make smollm2-point" in capsys.readouterr().err
+
+
+def test_recorded_points_join_the_curve_as_recorded(tmp_path, capsys):
+    """An earlier report's curve.json: its points of N not run here join the table, marked and
+    with their own figures; a point run here wins over the recorded one of the same N."""
+    root = tmp_path / "runs"
+    _point(root, 6000, 2.10, {"gsm8k": 2.5}, 7200.0)
+    rec = tmp_path / "earlier.json"
+    rec.write_text(json.dumps({"points": [
+        {"n": 1500, "steps": 150, "held_out_tau_greedy": 1.8, "train_tau_greedy": 2.0,
+         "limit": "data", "tau": {"gsm8k": 2.0}, "train_s": 3600.0, "answers_cpu_h": 0.4,
+         "prompts_cpu_h": 0.2},
+        {"n": 3000, "steps": 300, "held_out_tau_greedy": 2.0, "tau": {"gsm8k": 2.3},
+         "answers_cpu_h": 0.8},
+        {"n": 6000, "steps": 1, "held_out_tau_greedy": 9.9, "tau": {"gsm8k": 9.9}},
+    ]}))  # fmt: skip
+    data_curve.main([str(root), "--recorded", str(rec)])
+    curve = json.loads((root / "report" / "curve.json").read_text())
+    assert [p["n"] for p in curve["points"]] == [1500, 3000, 6000]
+    assert [p.get("recorded") for p in curve["points"]] == [str(rec), str(rec), None]
+    assert curve["points"][2]["held_out_tau_greedy"] == 2.10  # the run here, not the record
+    assert curve["points"][1]["answers_cpu_h"] == 0.8  # as recorded
+    assert curve["points"][2]["answers_cpu_h"] is None  # no build given for the run here
+    assert curve["doubling_gain"]["gsm8k"] == pytest.approx(0.2)  # 3000 (recorded) -> 6000
+    md = (root / "report" / "curve.md").read_text()
+    assert "| 1500* | 150 | 1.800 | 2.000 | data | 2.00 | 0.20 | 0.40 | 1.00 |" in md
+    assert f"`*`: as recorded in {rec}" in md
+    rec.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit) as e:
+        data_curve.main([str(root), "--recorded", str(rec)])
+    assert e.value.code == 2 and "--recorded" in capsys.readouterr().err
