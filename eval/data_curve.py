@@ -170,7 +170,8 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
     for p in points:
         taus = " | ".join(f(p["tau"].get(s), ".2f") for s in sets)
         tr = p.get("train_s")
-        lines.append(f"| {p['n']}{'*' if p.get('recorded') else ''} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
+        mark = "*" if p.get("recorded") else ""
+        lines.append(f"| {p['n']}{mark} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
                      f"{f(p.get('train_tau_greedy'), '.3f')} | {p.get('limit') or ''} | {taus} | "
                      f"{f(p.get('prompts_cpu_h'), '.2f')} | {f(p.get('answers_cpu_h'), '.2f')} | "
                      f"{f(None if tr is None else tr / 3600, '.2f')} |")  # fmt: skip

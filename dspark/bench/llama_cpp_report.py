@@ -4,9 +4,9 @@
 rendered by the target's chat template into token ids, as eval/benchmark.py does) in
 llama.cpp: plain, `draft-dspark` for each (n_max, p_min) asked for, and n-gram speculation.
 With tuning, it first measures (n_max, p_min) modes on the prompts after those
-(llama_cpp_tune.py) and adds its choice to the measured modes. With `ours` (eval/benchmark.py's `results.json` on the same
-draft and prompts) the report sets the bundled decoder's figures beside llama.cpp's; its
-"Serve with" line comes from llama_cpp_advice.py."""
+(llama_cpp_tune.py) and adds its choice to the measured modes. With `ours` (eval/benchmark.py's
+`results.json` on the same draft and prompts) the report sets the bundled decoder's figures
+beside llama.cpp's; its "Serve with" line comes from llama_cpp_advice.py."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ P_MIN_GRID = (0.0, 0.5)  # confidence cut-offs tried per n_max (0: off)
 
 def tune_modes(block_size: int, has_confidence: bool, how: str) -> list[Mode]:
     """The draft modes tuning measures: `grid` every n_max 1..block-1 x `P_MIN_GRID`; `model`
-    the three a cost fit needs (short and long blocks, and a p_min cut that drafts less at the
-    same n_max), the choice then coming from `llama_cpp_flags`."""
+    the four a cost fit needs (n_max 1, half and whole blocks, and a p_min cut that drafts less
+    at the whole block's n_max), the choice then coming from `llama_cpp_flags`."""
     longest = max(1, block_size - 1)
     if how == "model":
         cut = 0.5 if has_confidence else 0.0
@@ -29,7 +29,8 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
          how: str = "grid", rounds=None):  # fmt: skip
     """Measure `tune_modes` on `prompts` (pooled over their sets); the fastest measured mode, or
     with `rounds` (`decoder_rounds`) under `how="model"` the cost model's choice; and the grid
-    with each mode's figures (and, with `rounds`, its predicted ones)."""
+    with each mode's figures (and, with `rounds`, its predicted ones under the acceptance shift
+    fitted to the measured modes)."""
     modes = [Mode("none"), *tune_modes(block_size, has_confidence, how)]
     runs = run_modes(settings, modes, prompts, max_new_tokens, progress=progress)
     plain = pooled(runs, modes[0])  # every tuning prompt of every set, as one run

@@ -6,8 +6,8 @@ of their fp32 logits is exact in bf16. oneDNN's bf16 mode for fp32 matmuls
 change), multiplies on the bf16 units (AMX, AVX512-BF16), accumulates in fp32 and writes fp32:
 the fp32 product up to summation order, ~4x faster than the fp32 kernel at the SmolLM2 head's
 shapes on an AMX Xeon (docs/results.md). On AVX512-BF16 without AMX (AMD Zen 4) torch 2.13's
-oneDNN keeps the fp32 kernel in that mode: the same product, no faster. Every other case (an fp32 head, states not in bf16, a
-GPU, a CPU without bf16 units) takes the plain fp32 matmul.
+oneDNN keeps the fp32 kernel in that mode: the same product, no faster. Every other case (an
+fp32 head, states not in bf16, a GPU, a CPU without bf16 units) takes the plain fp32 matmul.
 """
 
 from __future__ import annotations
