@@ -138,28 +138,39 @@ def round_tokens(conf: np.ndarray, survival: np.ndarray, n_max: int, p_min: floa
     return d, 1.0 + (surv * upto).sum(axis=1)
 
 
-def fit_acceptance_shift(conf, survival, measured: list[dict], bound: float = 6.0) -> float:
-    """The logit shift `b` (within +-`bound`) under which the recorded rounds predict the
-    accepted drafts llama.cpp counted over `measured` modes (each `n_max`, `p_min`, `tau`,
-    `rounds`): `sum rounds * (tau - 1)` predicted = measured, each mode's prediction the mean
-    over the recorded rounds. Predicted acceptance rises with `b`, so bisection finds it."""
-    want = sum(m["rounds"] * (m["tau"] - 1.0) for m in measured)
-
-    def accepted(b: float) -> float:
-        s = shift_survival(survival, b)
-        return sum(
-            m["rounds"] * (round_tokens(conf, s, m["n_max"], m["p_min"])[1].mean() - 1.0)
+def modes_tau(measured: list[dict], conf=None, survival=None) -> float:
+    """tau over `measured` modes (each `n_max`, `p_min`, `tau`, `rounds`), weighted by their
+    rounds: as measured, or with `conf` and `survival` as the recorded rounds predict it
+    (each mode's prediction the mean over those rounds)."""
+    rounds = sum(m["rounds"] for m in measured) or 1
+    if survival is None:
+        return sum(m["rounds"] * m["tau"] for m in measured) / rounds
+    return (
+        sum(
+            m["rounds"] * float(round_tokens(conf, survival, m["n_max"], m["p_min"])[1].mean())
             for m in measured
         )
+        / rounds
+    )
+
+
+def fit_acceptance_shift(conf, survival, measured: list[dict], bound: float = 6.0) -> float:
+    """The logit shift `b` (within +-`bound`) under which the recorded rounds predict the
+    accepted drafts llama.cpp counted over `measured` modes: `modes_tau` predicted = measured.
+    Predicted acceptance rises with `b`, so bisection finds it."""
+    want = modes_tau(measured)
+
+    def predicted(b: float) -> float:
+        return modes_tau(measured, conf, shift_survival(survival, b))
 
     lo, hi = -bound, bound
-    if accepted(lo) >= want:
+    if predicted(lo) >= want:
         return lo
-    if accepted(hi) <= want:
+    if predicted(hi) <= want:
         return hi
     for _ in range(50):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if accepted(mid) < want else (lo, mid)
+        lo, hi = (mid, hi) if predicted(mid) < want else (lo, mid)
     return 0.5 * (lo + hi)
 
 

@@ -52,7 +52,11 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
         conf = rounds["conf"]
         shift = flags.fit_acceptance_shift(conf, rounds["survival"], grid)
         surv = flags.shift_survival(rounds["survival"], shift)
-        out["acceptance_shift"] = acceptance_shift(conf, rounds["survival"], grid, shift)
+        out["acceptance_shift"] = {
+            "logits": float(shift),
+            "tau_bundled": flags.modes_tau(grid, conf, rounds["survival"]),
+            "tau_llama_cpp": flags.modes_tau(grid),
+        }
         for g in grid:
             g["predicted"] = flags.predict(cost, conf, surv, g["n_max"], g["p_min"])
         pick, table = flags.choose_flags(cost, conf, surv, max(1, block_size - 1))
@@ -63,19 +67,3 @@ def tune(settings, block_size: int, has_confidence: bool, prompts, max_new_token
         if how == "model":
             chosen = Mode("draft-dspark", pick["n_max"], pick["p_min"])
     return chosen, out
-
-
-def acceptance_shift(conf, survival, grid: list[dict], shift: float) -> dict:
-    """The fitted shift and the probes' tau (rounds-weighted) as the bundled decoder's rounds
-    predict it, and as llama.cpp measured it."""
-    rounds = sum(g["rounds"] for g in grid) or 1
-
-    def mean_tau(surv) -> float:
-        taus = [flags.round_tokens(conf, surv, g["n_max"], g["p_min"])[1].mean() for g in grid]
-        return float(sum(g["rounds"] * t for g, t in zip(grid, taus)) / rounds)
-
-    return {
-        "logits": float(shift),
-        "tau_bundled": mean_tau(survival),
-        "tau_llama_cpp": float(sum(g["rounds"] * g["tau"] for g in grid) / rounds),
-    }
