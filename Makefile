@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-point smollm2-large ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-large-status smollm2-point smollm2-large ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -201,6 +201,10 @@ smollm2-large-data: setup
 	$(SM_REGEN) --input embedded --split test --limit 48 --output $(LARGE)/embedded_test
 	$(CACHE) --data $(LARGE)/embedded_test/tokenized --output $(LARGE)/embedded_test/features
 	@test ! -e $(LARGE_UNFINISHED) || { echo "smollm2-large-data: work left; rerun to go on"; exit 75; }
+# Where the larger build stands: each step's work done, what LARGE_ROWS answered rows need of
+# it, and the time left at its recorded pace (read-only: it may run beside the build).
+smollm2-large-status:
+	$(PY) data_scripts/build_status.py $(LARGE)/answers --rows $(LARGE_ROWS)
 
 # One point of the curve: the first N answered conversations, the SmolLM2 recipe's shape and
 # epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS;

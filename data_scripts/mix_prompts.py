@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from dspark.data.build_status import mix_sources_path
 from dspark.data.outputs import read_json_object
 from dspark.data.prompts.mix import interleave
 from dspark.data.prompts.sources import load_prompts
@@ -27,12 +28,19 @@ from dspark.fileio import write_text_atomic
 from dspark.locking import exclusive_output
 
 
+def prompt_set_dir(spec: str) -> Path | None:
+    """The folder of a target-written prompt set (a prompt file beside Magpie's summary.json)."""
+    folder = Path(spec).parent
+    return folder if Path(spec).is_file() and (folder / "summary.json").is_file() else None
+
+
 def still_growing(spec: str) -> bool:
-    """A prompt file beside a summary.json that says its build is unfinished (Magpie's)."""
-    summary = Path(spec).parent / "summary.json"
-    if not Path(spec).is_file() or not summary.is_file():
-        return False
-    return (read_json_object(summary) or {}).get("complete") is False
+    """A prompt set whose summary.json says its build is unfinished (Magpie's)."""
+    folder = prompt_set_dir(spec)
+    return (
+        folder is not None
+        and (read_json_object(folder / "summary.json") or {}).get("complete") is False
+    )
 
 
 def parse_source(text: str) -> tuple[str, str, float, int | None]:
@@ -57,7 +65,7 @@ if __name__ == "__main__":
     a = ap.parse_args()
     with user_errors("mix_prompts"):
         specs = [parse_source(s) for s in a.source]
-        sources, growing = [], set()
+        sources, growing, listed = [], set(), []
         for name, spec, weight, limit in specs:
             rows = load_prompts(spec, limit=limit).rows
             turns = [{"turns": [m["content"] for m in r["messages"] if m["role"] == "user"],
@@ -65,6 +73,10 @@ if __name__ == "__main__":
             sources.append((name, turns, weight))
             if still_growing(spec):
                 growing.add(name)
+            folder = prompt_set_dir(spec)
+            listed.append({"name": name, "spec": spec, "weight": weight, "limit": limit,
+                           "rows": len(turns), "growing": name in growing,
+                           "prompt_set": str(folder.resolve()) if folder else None})  # fmt: skip
             print(f"{name}: {len(turns)} rows from {spec} (weight {weight:g})"
                   + (", still growing" if name in growing else ""))  # fmt: skip
         with exclusive_output(a.output, "the prompt mix"):
@@ -79,5 +91,8 @@ if __name__ == "__main__":
                     "same sources and weights, sources longer); write a new --output instead"
                 )
             write_text_atomic(a.output, text)
+            # what build_status.py needs to project the mix to any length
+            write_text_atomic(mix_sources_path(Path(a.output)), json.dumps(
+                {"sources": listed, "rows": len(mix)}, indent=2) + "\n")  # fmt: skip
         cut = f" (stops where {', '.join(sorted(growing))} runs out: rerun when grown)"
         print(f"{len(mix)} rows -> {a.output}" + (cut if growing else ""))

@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
+from dspark.data.build_status import runs_cpu_s
 from dspark.errors import BadInputError, user_errors
 from dspark.fileio import dumps_strict, write_text_atomic
 
@@ -69,30 +70,6 @@ def read_point(run: Path) -> dict:
     else:
         point["tau"] = {}
     return point
-
-
-def runs_cpu_s(runs: Path, unit: str, rows_key: str) -> float | None:
-    """CPU seconds per row (`rows_key`) over every run in a data step's runs.jsonl.
-
-    A run's CPU seconds are its own process CPU time (`cpu_s`) where recorded. A run without it
-    is priced by its work (`unit`: its tokens, or rows) at the fastest rate per thread of the
-    step's runs, a lower bound: its wall time would also count the time it sat paused or shared
-    the cores. Rows: those of the runs on record (a set may predate its runs.jsonl).
-    """
-    steps = [json.loads(x) for x in runs.read_text().splitlines() if x.strip()]
-
-    def thread_s(s: dict) -> float:
-        return s.get("elapsed_s", 0.0) * (s.get("threads") or 1)
-
-    fastest = max((s[unit] / thread_s(s) for s in steps if s.get(unit) and thread_s(s)), default=0)
-
-    def cpu_s(s: dict) -> float:
-        if "cpu_s" in s:
-            return s["cpu_s"]
-        return s[unit] / fastest if s.get(unit) and fastest else thread_s(s)
-
-    rows = sum(s.get(rows_key, 0) for s in steps)
-    return sum(map(cpu_s, steps)) / rows if rows else None
 
 
 def prompt_cpu_s(folder: Path) -> float:

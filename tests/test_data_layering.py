@@ -30,6 +30,7 @@ STAGES = {
     "prompts": 1,
     "regeneration": 2,
     "tokenize": 2,
+    "build_status": 2,
     "features": 3,
     "draft_vocab": 4,
     "cli": 5,
