@@ -1,6 +1,7 @@
 """A data build's status from files written by hand: the mix's first N rows per source, the
 samples a growing prompt set still needs at its keep rate, each step's pace from its runs.jsonl
-and the time left, against figures worked out by hand; and mix_prompts.py lists its sources."""
+and the time left, against figures worked out by hand (mix_prompts.py's list of its sources:
+tests/test_prompt_mix.py)."""
 
 from __future__ import annotations
 
@@ -94,26 +95,3 @@ def test_a_mix_without_its_sources_list_names_the_fix(tmp_path):
          "100"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert res.returncode == 2 and res.stderr.count("error:") == 1
-
-
-def test_mix_prompts_lists_its_sources_for_the_status(tmp_path):
-    chat = tmp_path / "magpie" / "prompts.jsonl"
-    chat.parent.mkdir()
-    chat.write_text("".join(json.dumps({"turns": [f"c{i}"]}) + "\n" for i in range(5)))
-    (chat.parent / "summary.json").write_text(json.dumps({"complete": False}))
-    math = tmp_path / "math.jsonl"
-    math.write_text("".join(json.dumps({"turns": [f"m{i}"]}) + "\n" for i in range(50)))
-    out = tmp_path / "mix.jsonl"
-    res = subprocess.run(
-        [sys.executable, str(REPO / "data_scripts" / "mix_prompts.py"), "--source",
-         f"chat={chat}:3", "--source", f"math={math}:1:20", "--output", str(out)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    listed = json.loads(mix_sources_path(out).read_text())
-    assert listed["rows"] == len(out.read_text().splitlines())
-    chat_src, math_src = listed["sources"]
-    assert chat_src["growing"] and chat_src["rows"] == 5 and chat_src["weight"] == 3.0
-    assert chat_src["prompt_set"] == str(chat.parent.resolve())
-    assert not math_src["growing"] and math_src["rows"] == 20 and math_src["prompt_set"] is None
-    assert math_src["limit"] == 20

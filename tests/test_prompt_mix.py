@@ -2,6 +2,7 @@
 
 import pytest
 
+from dspark.data.build_status import mix_sources_path
 from dspark.data.prompts.mix import interleave
 
 
@@ -107,6 +108,13 @@ def test_the_script_treats_an_unfinished_magpie_set_as_growing(tmp_path):
 
     first = build(5, complete=False)
     assert len(first) == 9  # c0 m0 ... m3 c4: the next row would need to know chat's length
+    # the sources it mixed, listed for build_status.py's projection of the mix
+    listed = json.loads(mix_sources_path(out).read_text())
+    assert listed["rows"] == 9
+    chat_src, math_src = listed["sources"]
+    assert chat_src["growing"] and chat_src["rows"] == 5 and chat_src["weight"] == 1.0
+    assert chat_src["prompt_set"] == str(chat.parent.resolve())
+    assert not math_src["growing"] and math_src["rows"] == 50 and math_src["prompt_set"] is None
     grown = build(20, complete=False)
     assert grown[:9] == first and len(grown) == 39
     final = build(20, complete=True)
