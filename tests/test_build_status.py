@@ -95,3 +95,5 @@ def test_a_mix_without_its_sources_list_names_the_fix(tmp_path):
          "100"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert res.returncode == 2 and res.stderr.count("error:") == 1
+    with pytest.raises(BadInputError, match="start the build first"):
+        build_status(tmp_path / "nothing", 100)

@@ -99,7 +99,12 @@ def build_status(answers: Path, rows: int) -> dict:
     what it has done, what `rows` answered rows need of it, its pace and the time left."""
     if rows < 1:
         raise BadInputError(f"--rows {rows}: ask for at least one answered row")
-    run = _read_json(answers / "run.json", "pass the answering step's --output folder")
+    if not (answers / "run.json").is_file():
+        raise BadInputError(
+            f"{answers} holds no answering run (run.json): pass regenerate.py's --output "
+            "folder of the build, or start the build first (make smollm2-large-data)"
+        )
+    run = _read_json(answers / "run.json", "pass regenerate.py's --output folder")
     mix = Path(run.get("source", ""))
     listed = mix_sources_path(mix)
     if not listed.is_file():
