@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from dspark.data.build_status import build_status, mix_shares, mix_sources_path, render
 from dspark.errors import BadInputError
+from dspark.locking import lock_file_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,6 +85,22 @@ def test_the_time_left_to_n_rows_by_hand(tmp_path):
     # enough kept prompts already: nothing left for chat, the answers only
     small = build_status(_build(tmp_path / "again"), 60)
     assert small["steps"][0]["left_s"] == 0 and small["left_s"] == pytest.approx(30.0)
+
+
+def test_the_step_running_now_from_its_lock_record(tmp_path):
+    answers = _build(tmp_path)
+    assert build_status(answers, 120)["steps"][-1]["running"] is None
+    record = {"host": socket.gethostname(), "command": "regenerate.py", "started": "T"}
+    lock_file_for(answers).write_text(json.dumps({**record, "pid": os.getpid()}))
+    running = build_status(answers, 120)["steps"][-1]["running"]
+    assert f"pid {os.getpid()}" in running and "regenerate.py" in running
+    assert "Running now: answers" in render(build_status(answers, 120))
+    # a killed writer's record (its process gone) is no writer; nor is a record without a pid
+    gone = 2**22 + 7  # above Linux's largest pid_max: no such process
+    lock_file_for(answers).write_text(json.dumps({**record, "pid": gone}))
+    assert build_status(answers, 120)["steps"][-1]["running"] is None
+    lock_file_for(answers).write_text(json.dumps(record))
+    assert build_status(answers, 120)["steps"][-1]["running"] is None
 
 
 def test_a_mix_without_its_sources_list_names_the_fix(tmp_path):

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 from pathlib import Path
 
 from dspark.data.prompts.mix import interleave
 from dspark.errors import BadInputError
+from dspark.locking import describe, lock_file_for
 
 SOURCES_SUFFIX = ".sources.json"
 
@@ -94,6 +97,25 @@ def _read_json(path: Path, fix: str) -> dict:
     return value
 
 
+def _running(output: Path) -> str | None:
+    """Who writes `output` now, from its writer lock's record: read, never locked, so a poll
+    cannot refuse a step that takes the lock at that instant. A writer removes the file when it
+    ends; a killed one leaves it, so a record whose process is gone on this host is no writer."""
+    try:
+        record = json.loads(lock_file_for(output).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    pid = record.get("pid") if isinstance(record, dict) else None
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    if record.get("host") == socket.gethostname():
+        try:
+            os.kill(pid, 0)  # signal 0: whether the process exists
+        except OSError:
+            return None
+    return describe(record)
+
+
 def build_status(answers: Path, rows: int) -> dict:
     """Each step of the build that answers into `answers` (regenerate.py's output folder),
     what it has done, what `rows` answered rows need of it, its pace and the time left."""
@@ -132,6 +154,7 @@ def build_status(answers: Path, rows: int) -> dict:
             "left_s": None if left is None or pace is None else left * pace,
             "target_left_s": None if pace is None or summary.get("num") is None
             else max(0, summary["num"] - generated) * pace,
+            "running": _running(folder),
         })  # fmt: skip
     answered = len(_jsonl(answers / "regenerated.jsonl"))
     pace = _wall_per_unit(answers / "runs.jsonl", "generated_tokens", "rows_done")
@@ -143,6 +166,7 @@ def build_status(answers: Path, rows: int) -> dict:
         "step": "answers", "unit": "row", "done": answered, "needed": rows, "target": None,
         "wall_s_per_unit": pace, "left_s": None if pace is None else left * pace,
         "tokens_per_row": tokens / done_rows if done_rows else None,
+        "running": _running(answers),
     })  # fmt: skip
     known = [s["left_s"] for s in steps if s["left_s"] is not None]
     return {
@@ -179,6 +203,9 @@ def render(status: dict) -> str:
                      f"| {_hours(s['left_s'])} |")  # fmt: skip
     extra = sum(max(0.0, (s.get("target_left_s") or 0.0) - (s["left_s"] or 0.0))
                 for s in status["steps"])  # fmt: skip
+    lines += [
+        f"\nRunning now: {s['step']}, {s['running']}" for s in status["steps"] if s["running"]
+    ]
     lines += ["", f"Time left for {n:,} rows at these paces: {_hours(status['left_s'])}"
               + (f"; the prompt sets' own targets add {_hours(extra)}" if extra else "")
               + ". Paces are CPU seconds per unit over the step's threads, from its runs.jsonl "
