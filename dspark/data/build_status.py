@@ -134,7 +134,9 @@ def build_status(answers: Path, rows: int) -> dict:
             f"{listed} is missing: the mix's sources are listed there by data_scripts/"
             "mix_prompts.py; rerun the build's mix step (the next build step writes it)"
         )
-    sources = _read_json(listed, "rerun data_scripts/mix_prompts.py")["sources"]
+    sources = _read_json(listed, "rerun data_scripts/mix_prompts.py").get("sources")
+    if not isinstance(sources, list) or not sources:
+        raise BadInputError(f"{listed} lists no sources; rerun data_scripts/mix_prompts.py")
     shares = mix_shares(sources, rows)
     steps = []
     for s in sources:
