@@ -18,6 +18,7 @@ import os
 import socket
 from pathlib import Path
 
+from dspark.data.outputs import read_json_object
 from dspark.data.prompts.mix import interleave
 from dspark.errors import BadInputError
 from dspark.locking import describe, lock_file_for
@@ -88,12 +89,9 @@ def mix_shares(sources: list[dict], n: int) -> dict[str, int]:
 
 
 def _read_json(path: Path, fix: str) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise BadInputError(f"cannot read {path} ({e}); {fix}") from None
-    if not isinstance(value, dict):
-        raise BadInputError(f"{path} holds no JSON object; {fix}")
+    value = read_json_object(path)
+    if value is None:
+        raise BadInputError(f"cannot read a JSON object from {path}; {fix}")
     return value
 
 
