@@ -202,9 +202,11 @@ smollm2-large-data: setup
 	$(CACHE) --data $(LARGE)/embedded_test/tokenized --output $(LARGE)/embedded_test/features
 	@test ! -e $(LARGE_UNFINISHED) || { echo "smollm2-large-data: work left; rerun to go on"; exit 75; }
 # Where the larger build stands: each step's work done, what LARGE_ROWS answered rows need of
-# it, and the time left at its recorded pace (read-only: it may run beside the build).
+# it, and the time left at its recorded pace, then the LARGE_ROWS draft's feature cache and
+# training (read-only: it may run beside the build).
 smollm2-large-status:
-	$(PY) data_scripts/build_status.py $(LARGE)/answers --rows $(LARGE_ROWS)
+	$(PY) data_scripts/build_status.py $(LARGE)/answers --rows $(LARGE_ROWS) \
+		--features $(LARGE)/points/n$(LARGE_ROWS)/features --run $(CURVE)/n$(LARGE_ROWS)
 
 # One point of the curve: the first N answered conversations, the SmolLM2 recipe's shape and
 # epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS;

@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 from helpers import debug_cfg, kill_then_resume, losses
 
+from dspark.training.run_status import run_status
+
 
 def test_debug_run_learns_and_saves_a_loadable_draft(tmp_path, debug_data):
     from dspark.modeling import DSparkDraftModel
@@ -97,7 +99,10 @@ def test_a_run_in_timed_chunks_reproduces_the_uninterrupted_losses(
         with pytest.raises(StoppedWithWorkLeft, match=f"at step {step} of 4"):
             loop.run(debug_cfg(tmp_path / "split", debug_data, *chunked))
         assert (tmp_path / "split" / "checkpoints" / f"step_{step:08d}" / "DONE").exists()
+        status = run_status(tmp_path / "split")  # what a reader of the directory sees
+        assert (status["step"], status["total_steps"], status["finished"]) == (step, 4, False)
     res = loop.run(debug_cfg(tmp_path / "split", debug_data, *chunked))
+    assert run_status(tmp_path / "split")["finished"]
     assert res["steps"] == 4 and res["resumed_from"].endswith("step_00000003")
     assert res["train_seconds_total"] > res["train_seconds"] > 0  # four jobs against the last
     split = losses(tmp_path / "split")

@@ -18,7 +18,7 @@ import os
 import socket
 from pathlib import Path
 
-from dspark.data.outputs import read_json_object
+from dspark.data.outputs import read_json_object, read_json_rows
 from dspark.data.prompts.mix import interleave
 from dspark.errors import BadInputError
 from dspark.locking import describe, lock_file_for
@@ -31,18 +31,6 @@ def mix_sources_path(mix: Path) -> Path:
     return mix.with_name(mix.stem + SOURCES_SUFFIX)
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of a killed step: not a row
-            continue
-    return rows
-
-
 def runs_cpu_s(runs: Path, unit: str, rows_key: str) -> float | None:
     """CPU seconds per row (`rows_key`) over every run in a data step's runs.jsonl.
 
@@ -51,7 +39,7 @@ def runs_cpu_s(runs: Path, unit: str, rows_key: str) -> float | None:
     step's runs, a lower bound: its wall time would also count the time it sat paused or shared
     the cores. Rows: those of the runs on record (a set may predate its runs.jsonl).
     """
-    steps = _jsonl(runs)
+    steps = read_json_rows(runs)
 
     def thread_s(s: dict) -> float:
         return s.get("elapsed_s", 0.0) * (s.get("threads") or 1)
@@ -71,7 +59,7 @@ def _wall_per_unit(runs: Path, unit: str, rows_key: str) -> float | None:
     """Wall seconds per row of a step alone on its cores: CPU per row over the last run's
     threads (None before the step's first run)."""
     per_row = runs_cpu_s(runs, unit, rows_key)
-    steps = _jsonl(runs)
+    steps = read_json_rows(runs)
     threads = (steps[-1].get("threads") or 1) if steps else 1
     return None if per_row is None else per_row / threads
 
@@ -156,10 +144,10 @@ def build_status(answers: Path, rows: int) -> dict:
             else max(0, summary["num"] - generated) * pace,
             "running": _running(folder),
         })  # fmt: skip
-    answered = len(_jsonl(answers / "regenerated.jsonl"))
+    answered = len(read_json_rows(answers / "regenerated.jsonl"))
     pace = _wall_per_unit(answers / "runs.jsonl", "generated_tokens", "rows_done")
     left = max(0, rows - answered)
-    runs = _jsonl(answers / "runs.jsonl")
+    runs = read_json_rows(answers / "runs.jsonl")
     tokens = sum(r.get("generated_tokens", 0) for r in runs)
     done_rows = sum(r.get("rows_done", 0) for r in runs)
     steps.append({

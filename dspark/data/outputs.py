@@ -54,6 +54,22 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def read_json_rows(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines log (a step's runs.jsonl, a run's metrics.jsonl); a line
+    that is not one (the torn last line of a killed writer) is no row. A missing file has none."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def refuse_foreign(
     out: Path, names: Iterable[str], *, marker: str, what: str, key: str = "--output"
 ) -> None:

@@ -232,6 +232,9 @@ def prepare(r: Run) -> None:
         if moved:
             acc.print(f"{moved} metrics rows past step {r.progress.step} moved to "
                       "metrics.superseded.jsonl")  # fmt: skip
+        # The step budget as resolved here, for a reader of the run directory alone
+        # (`run_status`): trainer.max_steps is null when trainer.epochs sets it.
+        r.run_config["schedule"] = {"steps_per_epoch": steps_per_epoch, "total_steps": r.total}
         (r.out / "run_config.json").write_text(json.dumps(r.run_config, indent=2))
     init_tracking(acc, cfg.tracking, r.out, r.run_config)
     r.bar = tqdm(total=r.total, initial=r.progress.step, desc="distill", disable=not r.main,

@@ -1,0 +1,56 @@
+"""How far a feature cache being written has come, from its manifest alone (read-only, so it may
+run beside `cache_features.py`): rows and shards done of the planned, and the pace of a row.
+
+`write_cache` records its plan (`plan`: each shard's rows) before its first shard and each
+shard as it finishes, so a killed or running cache says what is done. The pace is the time
+between consecutive finished shards per row (their files' modification times), the usual one
+(the median): a gap that spans a kill, a pause or a job's start says nothing of the pace.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+
+from dspark.data.features.feature_cache import MANIFEST
+from dspark.data.outputs import read_json_object
+
+
+def cache_progress(cache_dir: str | os.PathLike) -> dict | None:
+    """The cache in `cache_dir`: `rows`, `rows_done`, `shards`, `shards_done`, `complete`,
+    `s_per_row` (None before two consecutive shards) and `left_s`; None without a manifest."""
+    out = Path(cache_dir)
+    manifest = read_json_object(out / MANIFEST)
+    if manifest is None:
+        return None
+    plan = manifest.get("plan") or []
+    rows = int((manifest.get("settings") or {}).get("data_rows", 0))
+    shards = manifest.get("shards") or []
+    rows_done = sum(b - a for a, b in (s["rows"] for s in shards))
+    finished: dict[int, tuple[float, int]] = {}  # shard index -> (mtime, rows)
+    for s in shards:
+        try:
+            index = int(s["file"].split("_")[1].split(".")[0])
+            finished[index] = ((out / s["file"]).stat().st_mtime, s["rows"][1] - s["rows"][0])
+        except (OSError, ValueError, IndexError, KeyError):
+            continue
+    gaps = [
+        (finished[k + 1][0] - finished[k][0]) / finished[k + 1][1]
+        for k in finished
+        if k + 1 in finished and finished[k + 1][1] > 0
+        and finished[k + 1][0] > finished[k][0]  # a shard linked from another cache: no pace
+    ]  # fmt: skip
+    pace = statistics.median(gaps) if gaps else None
+    complete = bool(manifest.get("complete"))
+    left = 0.0 if complete else None if pace is None else max(0, rows - rows_done) * pace
+    return {
+        "cache": str(out),
+        "rows": rows,
+        "rows_done": rows_done,
+        "shards": len(plan),
+        "shards_done": len(shards),
+        "complete": complete,
+        "s_per_row": pace,
+        "left_s": left,
+    }
