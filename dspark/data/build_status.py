@@ -39,8 +39,10 @@ def runs_cpu_s(runs: Path, unit: str, rows_key: str) -> float | None:
     step's runs, a lower bound: its wall time would also count the time it sat paused or shared
     the cores. Rows: those of the runs on record (a set may predate its runs.jsonl).
     """
-    steps = read_json_rows(runs)
+    return _cpu_s_per_row(read_json_rows(runs), unit, rows_key)
 
+
+def _cpu_s_per_row(steps: list[dict], unit: str, rows_key: str) -> float | None:
     def thread_s(s: dict) -> float:
         return s.get("elapsed_s", 0.0) * (s.get("threads") or 1)
 
@@ -55,11 +57,10 @@ def runs_cpu_s(runs: Path, unit: str, rows_key: str) -> float | None:
     return sum(map(cpu_s, steps)) / rows if rows else None
 
 
-def _wall_per_unit(runs: Path, unit: str, rows_key: str) -> float | None:
-    """Wall seconds per row of a step alone on its cores: CPU per row over the last run's
-    threads (None before the step's first run)."""
-    per_row = runs_cpu_s(runs, unit, rows_key)
-    steps = read_json_rows(runs)
+def _wall_per_unit(steps: list[dict], unit: str, rows_key: str) -> float | None:
+    """Wall seconds per row of a step alone on its cores (`steps`: its runs.jsonl): CPU per row
+    over the last run's threads (None before the step's first run)."""
+    per_row = _cpu_s_per_row(steps, unit, rows_key)
     threads = (steps[-1].get("threads") or 1) if steps else 1
     return None if per_row is None else per_row / threads
 
@@ -133,7 +134,9 @@ def build_status(answers: Path, rows: int) -> dict:
         generated, kept = summary.get("generated", 0), summary.get("kept", 0)
         keep = kept / generated if generated else None
         need = math.ceil(shares[s["name"]] / keep) if keep else None
-        pace = _wall_per_unit(folder / "runs.jsonl", "generated_this_run", "generated_this_run")
+        pace = _wall_per_unit(
+            read_json_rows(folder / "runs.jsonl"), "generated_this_run", "generated_this_run"
+        )
         left = None if need is None else max(0, need - generated)
         steps.append({
             "step": f"{s['name']} prompts", "unit": "sample", "done": generated,
@@ -145,9 +148,9 @@ def build_status(answers: Path, rows: int) -> dict:
             "running": _running(folder),
         })  # fmt: skip
     answered = len(read_json_rows(answers / "regenerated.jsonl"))
-    pace = _wall_per_unit(answers / "runs.jsonl", "generated_tokens", "rows_done")
-    left = max(0, rows - answered)
     runs = read_json_rows(answers / "runs.jsonl")
+    pace = _wall_per_unit(runs, "generated_tokens", "rows_done")
+    left = max(0, rows - answered)
     tokens = sum(r.get("generated_tokens", 0) for r in runs)
     done_rows = sum(r.get("rows_done", 0) for r in runs)
     steps.append({

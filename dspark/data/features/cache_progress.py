@@ -13,7 +13,7 @@ import os
 import statistics
 from pathlib import Path
 
-from dspark.data.features.feature_cache import MANIFEST
+from dspark.data.features.feature_cache import MANIFEST, shard_name
 from dspark.data.outputs import read_json_object
 
 
@@ -28,12 +28,13 @@ def cache_progress(cache_dir: str | os.PathLike) -> dict | None:
     rows = int((manifest.get("settings") or {}).get("data_rows", 0))
     shards = manifest.get("shards") or []
     rows_done = sum(b - a for a, b in (s["rows"] for s in shards))
+    by_file = {s["file"]: s for s in shards}
     finished: dict[int, tuple[float, int]] = {}  # shard index -> (mtime, rows)
-    for s in shards:
+    for k in range(len(plan)):
+        s = by_file.get(shard_name(k))
         try:
-            index = int(s["file"].split("_")[1].split(".")[0])
-            finished[index] = ((out / s["file"]).stat().st_mtime, s["rows"][1] - s["rows"][0])
-        except (OSError, ValueError, IndexError, KeyError):
+            finished[k] = ((out / s["file"]).stat().st_mtime, s["rows"][1] - s["rows"][0])
+        except (OSError, TypeError, KeyError):  # not finished, or its file gone
             continue
     gaps = [
         (finished[k + 1][0] - finished[k][0]) / finished[k + 1][1]
