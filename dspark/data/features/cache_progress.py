@@ -32,9 +32,11 @@ def cache_progress(cache_dir: str | os.PathLike) -> dict | None:
     finished: dict[int, tuple[float, int]] = {}  # shard index -> (mtime, rows)
     for k in range(len(plan)):
         s = by_file.get(shard_name(k))
+        if s is None:  # not finished
+            continue
         try:
             finished[k] = ((out / s["file"]).stat().st_mtime, s["rows"][1] - s["rows"][0])
-        except (OSError, TypeError, KeyError):  # not finished, or its file gone
+        except (OSError, TypeError, KeyError):  # its file gone, or an entry without rows
             continue
     gaps = [
         (finished[k + 1][0] - finished[k][0]) / finished[k + 1][1]
