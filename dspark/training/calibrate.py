@@ -83,3 +83,20 @@ def calibrate_published(
     res["written_to"] = str(write_temperatures(draft_dir, res["temperatures"]))
     write_report(res, draft_dir)
     return res
+
+
+def calibrate_after_training(cfg, accelerator, target, tokenizer, draft, eval_ds) -> dict:
+    """STS on the run's held-out split, written beside its published draft (main process
+    only; a sharded target is left to eval/calibrate.py on the saved draft)."""
+    if cfg.target.shard:
+        return {"skipped": "the target is sharded; run eval/calibrate.py on the saved draft"}
+    prompts = held_out_prompts(eval_ds, cfg.trainer.calibrate_prompts)
+    return calibrate_published(
+        target,
+        tokenizer,
+        accelerator.unwrap_model(draft),
+        Path(cfg.trainer.output_dir) / "draft",
+        prompts,
+        max_new_tokens=cfg.trainer.calibrate_max_new_tokens,
+        seed=cfg.trainer.seed,
+    )

@@ -35,7 +35,7 @@ from dspark.training.build import (
     make_loader,
     require_data,
 )
-from dspark.training.calibrate import calibrate_published, held_out_prompts
+from dspark.training.calibrate import calibrate_after_training
 from dspark.training.checkpoint import (
     Progress,
     latest_checkpoint,
@@ -75,22 +75,6 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def _calibrate(cfg, accelerator, target, tokenizer, draft, eval_ds) -> dict:
-    """STS on the held-out split, written beside the published draft (main process only)."""
-    if cfg.target.shard:
-        return {"skipped": "the target is sharded; run eval/calibrate.py on the saved draft"}
-    prompts = held_out_prompts(eval_ds, cfg.trainer.calibrate_prompts)
-    return calibrate_published(
-        target,
-        tokenizer,
-        accelerator.unwrap_model(draft),
-        Path(cfg.trainer.output_dir) / "draft",
-        prompts,
-        max_new_tokens=cfg.trainer.calibrate_max_new_tokens,
-        seed=cfg.trainer.seed,
-    )
 
 
 def run(cfg) -> dict:
@@ -396,7 +380,9 @@ def finish(r: Run) -> dict:
         },
     }
     if r.main and cfg.trainer.calibrate_prompts > 0:
-        results["calibration"] = _calibrate(cfg, acc, r.target, r.tokenizer, r.draft, r.eval_ds)
+        results["calibration"] = calibrate_after_training(
+            cfg, acc, r.target, r.tokenizer, r.draft, r.eval_ds
+        )
     if r.main:
         write_report(r.out, results, r.run_config)
     acc.end_training()
