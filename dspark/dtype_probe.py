@@ -8,9 +8,10 @@ a warm-up). Each candidate runs on a copy of the target (and draft) cast to it, 
 models are left as they are; the numbers are about speed only (random token ids). The verify
 curve is fitted non-decreasing in its token count (`dtype_choice.nondecreasing_fit`).
 
-Cached under `$DSPARK_CACHE/dtype_probe/` keyed by the device name (`dspark.machine.cpu_name`
-on CPUs, the CUDA name otherwise), CPU threads, target, batch, the token counts measured and the
-draft's shape: a second job on the same machine reads it back instead of measuring again.
+Cached under `$DSPARK_CACHE/dtype_probe/` keyed by the device's kind (`dspark.machine.cpu_kind`
+on CPUs, since one model name covers AVX2 and AVX-512 parts; the CUDA name otherwise), CPU
+threads, target, batch, the token counts measured and the draft's shape: a second job on the
+same machine reads it back instead of measuring again.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dspark.dtype_choice import CANDIDATES, choose_dtype, nondecreasing_fit
 from dspark.errors import user_errors
 from dspark.fileio import write_text_atomic
 from dspark.locking import read_or_compute
-from dspark.machine import cpu_name
+from dspark.machine import device_kind
 from dspark.paths import cache_root
 from dspark.target import load_target
 from dspark.target.loading import _as_dtype
@@ -42,12 +43,6 @@ from dspark.target.loading import _as_dtype
 # row count one row at a time (decoding/row_linear.py), so their cost changed where any do.
 # 4: the dtypes timed in interleaved rounds; the verify curve fitted non-decreasing in n
 PROBE_VERSION = 4
-
-
-def device_label(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_name()
 
 
 def _draft_signature(draft) -> dict | None:
@@ -75,7 +70,7 @@ def probe_key(
     device = next(target.parameters()).device
     return {
         "version": PROBE_VERSION,
-        "device": device_label(device),
+        "device": device_kind(device),
         "device_type": device.type,
         "threads": torch.get_num_threads(),
         "target": getattr(target.config, "_name_or_path", "") or target.config.model_type,

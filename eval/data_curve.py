@@ -13,7 +13,8 @@ per set is the slope the report quotes. What limits a point: the draft's tau on 
 training rows in the last epoch (blocks-weighted over metrics.jsonl) against held-out. A draft
 that does no better on rows it has seen five times than on new ones (gap < FIT_GAP) cannot be
 lifted by more rows of the same kind: its capacity limits it. A wider gap is what it learnt
-from its rows and does not carry over: more data closes it.
+from its rows and does not carry over: more data closes it. Each point names the machine it
+trained on (training hours and CPU-hours compare only within one machine kind).
 """
 
 from __future__ import annotations
@@ -61,12 +62,15 @@ def read_point(run: Path) -> dict:
     point = {"n": n, "steps": res.get("steps"),
              "held_out_tau_greedy": res["final_eval"].get("eval/tau_greedy"),
              "train_s": res.get("train_seconds_total", res.get("train_seconds")),
-             "train_tau_greedy": last_epoch_train_tau(run)}  # fmt: skip
+             "train_tau_greedy": last_epoch_train_tau(run),
+             "machine": (res.get("conditions") or {}).get("device_name")}  # fmt: skip
     point["limit"] = limit_of(point)
     bench = run / "benchmark" / "results.json"
     if bench.is_file():
         b = json.loads(bench.read_text())
         point["tau"] = {k: (v.get("acceptance") or {}).get("tau") for k, v in b["datasets"].items()}
+        # a run from before training recorded its machine: its benchmark's, as a rule the same
+        point["machine"] = point["machine"] or (b.get("conditions") or {}).get("device_name")
     else:
         point["tau"] = {}
     return point
@@ -142,8 +146,8 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         return "" if v is None else format(v, spec)
 
     head = ("| N | steps | held-out tau_greedy | train tau_greedy (last epoch) | limit | "
-            + " | ".join(sets) + " | prompts CPU-h | answers CPU-h | train h |")  # fmt: skip
-    lines = ["# tau against data", "", head, "|" + "---|" * (len(sets) + 8)]
+            + " | ".join(sets) + " | prompts CPU-h | answers CPU-h | train h | machine |")  # fmt: skip
+    lines = ["# tau against data", "", head, "|" + "---|" * (len(sets) + 9)]
     for p in points:
         taus = " | ".join(f(p["tau"].get(s), ".2f") for s in sets)
         tr = p.get("train_s")
@@ -151,7 +155,7 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         lines.append(f"| {p['n']}{mark} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
                      f"{f(p.get('train_tau_greedy'), '.3f')} | {p.get('limit') or ''} | {taus} | "
                      f"{f(p.get('prompts_cpu_h'), '.2f')} | {f(p.get('answers_cpu_h'), '.2f')} | "
-                     f"{f(None if tr is None else tr / 3600, '.2f')} |")  # fmt: skip
+                     f"{f(None if tr is None else tr / 3600, '.2f')} | {p.get('machine') or ''} |")  # fmt: skip
     lines += ["", "tau gained by the last doubling of data: " + ", ".join(
         f"{k} {v:+.3f}" for k, v in gains.items() if v is not None) + ".",
         f"limit: `data` where the draft's tau on its training rows (last epoch) exceeds held-out "

@@ -58,7 +58,7 @@ def main(argv=None) -> None:
         )
         from dspark.bench.llama_cpp_report import prompt_sets
         from dspark.fileio import dumps_strict, write_text_atomic
-        from dspark.machine import cpu_name
+        from dspark.machine import cpu_kind
         from dspark.target import load_tokenizer
 
         out = Path(a.output_dir)
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
                     by_mode[mode.name].append(ls.summarize(res, wall, c))
             finally:
                 engine.close()
-        conditions = {"cpu": cpu_name(), "threads": a.threads, "parallel": parallel,
+        conditions = {"cpu": cpu_kind(), "threads": a.threads, "parallel": parallel,
                       "target_gguf": target_gguf, "draft_gguf": draft_gguf,
                       "max_new_tokens": a.max_new_tokens,
                       "prompts": f"first {a.num_prompts} of {', '.join(sets)}",

@@ -75,7 +75,7 @@ def main(argv=None) -> None:
         from dspark.eval.prompts import load_dataset, render
         from dspark.export.load import load_draft
         from dspark.fileio import dumps_strict, write_text_atomic
-        from dspark.machine import cpu_name
+        from dspark.machine import cpu_kind
         from dspark.target import load_target
 
         torch.set_num_threads(a.threads)
@@ -104,7 +104,7 @@ def main(argv=None) -> None:
             print(f"prompt {i + 1}/{len(prompts)}", flush=True)
         ar, spec = summarize(runs["plain"]), summarize(runs["dspark"])
         figures = compare(ar, spec, rss)
-        cond = {"cpu": cpu_name(), "threads": a.threads, "dtype": a.dtype, "batch": 1,
+        cond = {"cpu": cpu_kind(), "threads": a.threads, "dtype": a.dtype, "batch": 1,
                 "temperature": 0.0, "max_new_tokens": a.max_new_tokens,
                 "prompts": len(prompts), "datasets": a.datasets, "draft": a.draft,
                 "answers_end_at_eos": a.stop_at_eos,

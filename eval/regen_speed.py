@@ -26,7 +26,7 @@ import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loa
 from dspark.data.cli import make_local_backend
 from dspark.data.prompts.sources import load_prompts
 from dspark.data.regeneration.sampling import SamplingConfig
-from dspark.machine import cpu_name
+from dspark.machine import cpu_kind
 from dspark.target import load_target
 
 
@@ -99,7 +99,7 @@ def main() -> None:
         "max_new_tokens": a.max_new_tokens,
         "sampling": "greedy",
         "device": a.device,
-        "cpu": cpu_name(),
+        "cpu": cpu_kind(),
         "threads": a.num_threads,
         "decoder_dtype": a.dtype,
         "hf_dtypes": hf_dtypes,

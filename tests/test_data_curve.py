@@ -17,16 +17,20 @@ data_curve = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(data_curve)
 
 
-def _point(root: Path, n: int, held: float, taus: dict, train_s: float):
+ZEN4 = "AMD EPYC (family 25 model 17; AVX-512 BF16, no AMX)"
+
+
+def _point(root: Path, n: int, held: float, taus: dict, train_s: float,
+           trained_on: str | None = ZEN4, benchmarked_on: str = "another CPU"):  # fmt: skip
     run = root / f"n{n}"
     (run / "benchmark").mkdir(parents=True)
-    (run / "results.json").write_text(
-        json.dumps(
-            {"steps": n // 10, "final_eval": {"eval/tau_greedy": held}, "train_seconds": train_s}
-        )
-    )
+    conditions = {"device_name": trained_on} if trained_on else {}
+    (run / "results.json").write_text(json.dumps(
+        {"steps": n // 10, "final_eval": {"eval/tau_greedy": held}, "train_seconds": train_s,
+         "conditions": conditions}))  # fmt: skip
     (run / "benchmark" / "results.json").write_text(json.dumps(
-        {"datasets": {k: {"acceptance": {"tau": v}} for k, v in taus.items()}}))  # fmt: skip
+        {"datasets": {k: {"acceptance": {"tau": v}} for k, v in taus.items()},
+         "conditions": {"device_name": benchmarked_on}}))  # fmt: skip
     # two epochs logged; the last one's train tau is held + 0.2 (weighted by blocks), so the
     # data limits this point; an eval row and the first epoch must not count
     log = [{"step": 1, "epoch": 0, "train/tau_greedy": held + 5.0, "train/blocks": 10},
@@ -39,7 +43,8 @@ def _point(root: Path, n: int, held: float, taus: dict, train_s: float):
 def test_the_curve_from_its_points(tmp_path):
     _point(tmp_path, 1500, 1.80, {"gsm8k": 2.0, "mt-bench": 1.3}, 3600.0)
     _point(tmp_path, 6000, 2.10, {"gsm8k": 2.5, "mt-bench": 1.5}, 7200.0)
-    _point(tmp_path, 3000, 2.00, {"gsm8k": 2.3, "mt-bench": 1.4}, 5400.0)
+    # a run from before training recorded its machine: the benchmark's names it
+    _point(tmp_path, 3000, 2.00, {"gsm8k": 2.3, "mt-bench": 1.4}, 5400.0, None, "Xeon (AMX)")
     build = tmp_path / "build"
     build.mkdir()
     steps = [
@@ -83,7 +88,10 @@ def test_the_curve_from_its_points(tmp_path):
     md = (tmp_path / "report" / "curve.md").read_text()
     assert [p["train_tau_greedy"] for p in curve["points"]] == pytest.approx([2.0, 2.2, 2.3])
     assert [p["limit"] for p in curve["points"]] == ["data"] * 3
-    assert "| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 0.66 | 4.83 | 2.00 |" in md
+    assert (
+        f"| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 0.66 | 4.83 | 2.00 | {ZEN4} |" in md
+    )
+    assert [p["machine"] for p in curve["points"]] == [ZEN4, "Xeon (AMX)", ZEN4]
     assert (tmp_path / "report" / "curve.png").stat().st_size > 0
     with pytest.raises(SystemExit) as e:  # a prompt set given without its source name
         data_curve.main([str(tmp_path), "--mix", str(mix), "--prompt-set", str(chat)])
@@ -120,7 +128,7 @@ def test_recorded_points_join_the_curve_as_recorded(tmp_path, capsys):
     rec.write_text(json.dumps({"points": [
         {"n": 1500, "steps": 150, "held_out_tau_greedy": 1.8, "train_tau_greedy": 2.0,
          "limit": "data", "tau": {"gsm8k": 2.0}, "train_s": 3600.0, "answers_cpu_h": 0.4,
-         "prompts_cpu_h": 0.2},
+         "prompts_cpu_h": 0.2, "machine": "Xeon (AMX)"},
         {"n": 3000, "steps": 300, "held_out_tau_greedy": 2.0, "tau": {"gsm8k": 2.3},
          "answers_cpu_h": 0.8},
         {"n": 6000, "steps": 1, "held_out_tau_greedy": 9.9, "tau": {"gsm8k": 9.9}},
@@ -134,7 +142,8 @@ def test_recorded_points_join_the_curve_as_recorded(tmp_path, capsys):
     assert curve["points"][2]["answers_cpu_h"] is None  # no build given for the run here
     assert curve["doubling_gain"]["gsm8k"] == pytest.approx(0.2)  # 3000 (recorded) -> 6000
     md = (root / "report" / "curve.md").read_text()
-    assert "| 1500* | 150 | 1.800 | 2.000 | data | 2.00 | 0.20 | 0.40 | 1.00 |" in md
+    assert "| 1500* | 150 | 1.800 | 2.000 | data | 2.00 | 0.20 | 0.40 | 1.00 | Xeon (AMX) |" in md
+    assert "| 3000* | 300 | 2.000 |  |  | 2.30 |  | 0.80 |  |  |" in md  # no machine recorded
     assert f"`*`: as recorded in {rec}" in md
     rec.write_text(json.dumps({"rows": []}))
     with pytest.raises(SystemExit) as e:

@@ -27,7 +27,7 @@ from dspark.bench.llama_cpp_tune import tune
 from dspark.engines.llama_server import weight_mix
 from dspark.eval.prompts import load_dataset, render
 from dspark.fileio import dumps_strict, write_text_atomic
-from dspark.machine import cpu_name
+from dspark.machine import cpu_kind
 
 
 def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list[list[int]]]:
@@ -101,7 +101,7 @@ def bench(
         "llama-server " + " ".join(server_args(settings, tuned)) if tuned else None
     )
     results["conditions"] = {
-        "cpu": cpu_name(),
+        "cpu": cpu_kind(),
         **engine_conditions(settings),
         "datasets": datasets,
         "prompts_per_set": num_prompts,

@@ -24,7 +24,7 @@ from dspark.bench.cost_model import _measure
 from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, VerifyPolicy
 from dspark.export.load import load_draft
 from dspark.fileio import dumps_strict, write_text_atomic
-from dspark.machine import cpu_name
+from dspark.machine import cpu_kind
 from dspark.target import load_target
 
 
@@ -126,7 +126,7 @@ def sweep(runs, *, target_spec, prompt_sets, max_new_tokens, temperatures, llama
             "verify_full_block": 1e3 * costs["t_verify"][g + 1],
         },  # fmt: skip
         "conditions": {
-            "cpu": cpu_name(),
+            "cpu": cpu_kind(),
             "threads": torch.get_num_threads(),
             "target": target_spec,
             "dtype": "float32",

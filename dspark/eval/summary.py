@@ -18,7 +18,7 @@ import transformers
 from dspark.calibration import metrics as cal
 from dspark.eval import fastest_plain as fp
 from dspark.eval.metrics import acceptance_stats, ratio, throughput
-from dspark.machine import cpu_name
+from dspark.machine import device_kind
 
 RESULTS_VERSION = 1
 
@@ -211,9 +211,7 @@ def conditions(cfg, target_spec: str, draft, target, block_size: int, assistant_
         "seed": cfg.seed,
         "warmup_calls": cfg.warmup,
         "device": str(param.device),
-        "device_name": (
-            torch.cuda.get_device_name(param.device) if param.device.type == "cuda" else cpu_name()
-        ),
+        "device_name": device_kind(param.device),
         "dtype": str(param.dtype).replace("torch.", ""),
         "draft_dtype": str(next(draft.parameters()).dtype).replace("torch.", ""),
         "cpu_threads": torch.get_num_threads(),

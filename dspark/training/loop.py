@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from dspark.errors import StoppedWithWorkLeft
 from dspark.locking import exclusive_output
+from dspark.machine import device_kind
 from dspark.objectives import Objective
 from dspark.training.build import (
     build_draft,
@@ -369,6 +370,7 @@ def finish(r: Run) -> dict:
             "features": cfg.data.features or "online",
             "target_sharded": bool(cfg.target.shard),
             "device": str(acc.device),
+            "device_name": device_kind(acc.device),
             "processes": acc.num_processes,
             "mixed_precision": r.mixed_precision,
             "packing": bool(cfg.data.packing),
