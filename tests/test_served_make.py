@@ -1,0 +1,65 @@
+"""`make smollm2-served`: the served GGUF answers, is cached and is the training's target, and
+the draft it starts from is measured beside the fine-tuned one (make -n: nothing runs)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def served_commands(tmp_path: Path, goal: str, *args: str) -> list[str]:
+    out = subprocess.run(
+        [
+            "make",
+            "-n",
+            "--no-print-directory",
+            goal,
+            f"LARGE={tmp_path}/large",
+            f"DSPARK_CACHE={tmp_path}/cache",
+            *args,
+        ],  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.replace("\\\n", " ").splitlines()
+
+
+def test_the_served_gguf_is_the_answers_the_features_and_the_training_target(tmp_path):
+    gguf = tmp_path / "t.q4_0.gguf"
+    gguf.write_bytes(b"GGUF")  # present: not made again
+    run = "runs/smollm2-served/q4_0_n500"
+    lines = served_commands(tmp_path, f"{run}/results.json", f"SERVED_GGUF={gguf}",
+                            "SERVED_QUANT=q4_0", "SERVED_ROWS=500", "SERVED_FROM=d0")  # fmt: skip
+    assert not any("quantize_target.py" in x for x in lines)
+    regen, test_regen = [x for x in lines if "regenerate.py" in x]
+    data = f"{tmp_path}/cache/data/smollm2-served/q4_0_n500"
+    for want in ("--backend llama-cpp", f"--target-gguf {gguf}", "--limit 500",
+                 f"--input {tmp_path}/large/mix.jsonl", f"--output {data}/answers"):  # fmt: skip
+        assert want in regen
+    assert f"--target-gguf {gguf}" in test_regen and "--split test" in test_regen
+    caches = [x for x in lines if "cache_features.py" in x]
+    assert len(caches) == 2 and all(f"--target {gguf}" in x for x in caches)
+    (train,) = [x for x in lines if "distill.py" in x]
+    for want in (f"target.name={gguf}", "draft.init_from=d0", f"data.features={data}/features",
+                 f"trainer.output_dir={run}"):  # fmt: skip
+        assert want in train
+    assert lines.index(caches[0]) < lines.index(train)
+
+
+def test_a_missing_gguf_is_made_first_and_both_drafts_are_measured_on_it(tmp_path):
+    gguf = tmp_path / "absent.q4_k_m.gguf"
+    run = "runs/smollm2-served/q4_k_m_n3000"
+    lines = served_commands(tmp_path, f"{run}/results.json", f"SERVED_GGUF={gguf}")
+    assert "quantize_target.py" in lines[0] and "--quants q4_k_m" in lines[0]
+    benches = served_commands(tmp_path, f"{run}/llama_cpp_from/results.json",
+                              f"{run}/llama_cpp/results.json", f"SERVED_GGUF={gguf}",
+                              "SERVED_FROM=d0")  # fmt: skip
+    from_bench, served_bench = [x for x in benches if "llama_cpp_bench.py" in x]
+    assert f"--target-gguf {gguf}" in from_bench and f"--target-gguf {gguf}" in served_bench
+    assert "--draft d0 " in from_bench and f"--draft {run}/draft " in served_bench
