@@ -298,6 +298,7 @@ $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
 	$(SERVED_CACHE) --data $(SERVED_DATA)/embedded_test/tokenized \
 		--output $(SERVED_DATA)/embedded_test/features
 	$(PY) train/distill.py recipe=smollm2 target.name=$(SERVED_GGUF) draft.init_from=$(SERVED_FROM) \
+		draft.vocab_size=null \
 		optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS) \
 		data.train=$(SERVED_DATA)/answers/tokenized data.features=$(SERVED_DATA)/features \
 		data.eval=$(SERVED_DATA)/embedded_test/tokenized \

@@ -46,7 +46,8 @@ def test_the_served_gguf_is_the_answers_the_features_and_the_training_target(tmp
     caches = [x for x in lines if "cache_features.py" in x]
     assert len(caches) == 2 and all(f"--target {gguf}" in x for x in caches)
     (train,) = [x for x in lines if "distill.py" in x]
-    for want in (f"target.name={gguf}", "draft.init_from=d0", f"data.features={data}/features",
+    for want in (f"target.name={gguf}", "draft.init_from=d0", "draft.vocab_size=null",
+                 f"data.features={data}/features",
                  f"trainer.output_dir={run}"):  # fmt: skip
         assert want in train
     assert lines.index(caches[0]) < lines.index(train)
