@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dspark.decoding.sps import device_name
 from dspark.machine import cpu_kind, device_kind
 
 
@@ -33,3 +34,7 @@ def test_an_unreadable_cpuinfo_still_names_something(tmp_path):
 
 def test_the_cpu_device_is_named_by_its_kind():
     assert device_kind(torch.device("cpu")) == cpu_kind()
+
+
+def test_the_round_profiles_cache_is_keyed_by_the_cpu_kind_and_threads():
+    assert device_name(torch.device("cpu")) == f"{cpu_kind()}-{torch.get_num_threads()}threads"

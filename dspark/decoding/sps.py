@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ import torch
 from dspark.decoding.draft_vocab import DraftVocab
 from dspark.decoding.round_cost import RoundBench
 from dspark.locking import read_or_compute
+from dspark.machine import device_kind
 from dspark.paths import cache_root
 
 PROFILE_VERSION = 1
@@ -188,9 +188,10 @@ def default_widths(gamma: int) -> list[int]:
 
 
 def device_name(device: torch.device) -> str:
+    """The profile's device: a GPU's name, or the CPU's kind and its threads."""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.machine()}-{platform.processor() or 'cpu'}-{torch.get_num_threads()}threads"
+        return device_kind(device)
+    return f"{device_kind(device)}-{torch.get_num_threads()}threads"
 
 
 def cache_path(
