@@ -215,7 +215,8 @@ smollm2-large-status:
 # every block verified in full, so tau is the draft's acceptance, not a machine's verify choice).
 # Training runs in chunks of TRAIN_MIN minutes (trainer.stop_after_min; 0: to the end): rerun
 # `make smollm2-point N=...` after `Error 75` to resume it from its checkpoint. A point whose
-# training finished (its results.json) is not trained again, and its feature cache (~1.9 GB
+# training finished (its results.json) is not trained again, nor benchmarked again once its
+# benchmark/results.json is written (delete it to measure again), and its feature cache (~1.9 GB
 # per 1,000 rows) is deleted then, so the curve's points fit one disk. KEEP_POINT_FEATURES=1
 # keeps it for the next point: that point's cache links the shards over their shared first
 # rows instead of running the target on them again (cache_features.py --reuse-from), and
@@ -243,9 +244,9 @@ $(CURVE)/n%/results.json:
 	$(if $(filter 1,$(KEEP_POINT_FEATURES)),,rm -rf $(LARGE)/points/n$*/features)
 smollm2-point: setup
 	$(MAKE) --no-print-directory $(CURVE)/n$(N)/results.json
-	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft datasets=$(CURVE_SETS) \
-		num_prompts=$(CURVE_PROMPTS) max_new_tokens=128 verify_length=full baselines.run=[] \
-		output_dir=$(CURVE)/n$(N)/benchmark
+	test -e $(CURVE)/n$(N)/benchmark/results.json || $(PY) eval/benchmark.py \
+		draft=$(CURVE)/n$(N)/draft datasets=$(CURVE_SETS) num_prompts=$(CURVE_PROMPTS) \
+		max_new_tokens=128 verify_length=full baselines.run=[] output_dir=$(CURVE)/n$(N)/benchmark
 	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers --mix $(LARGE)/mix.jsonl \
 		--prompt-set chat=$(LARGE)/magpie_chat --prompt-set code=$(LARGE)/magpie_code
 

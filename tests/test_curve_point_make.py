@@ -54,3 +54,29 @@ def test_a_point_links_and_then_deletes_the_cache_another_point_kept(tmp_path):
     (kept / "manifest.json").unlink()
     alone = point_commands(tmp_path, 12000)
     assert "--reuse-from" not in alone and alone.count("rm -rf") == 1
+
+
+def test_a_benchmarked_point_is_not_benchmarked_again(tmp_path):
+    """The point's benchmark runs while its benchmark/results.json is missing (written last,
+        whole: dspark/eval/runner.py), and not once it is there (make -s with PY=echo: the
+    commands it runs are printed, not run)."""
+    curve = tmp_path / "curve"
+    (curve / "n100" / "benchmark").mkdir(parents=True)
+    (curve / "n100" / "results.json").write_text("{}")  # trained: the training is not rerun
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed").touch()  # newer than pyproject.toml: `setup` has nothing to do
+
+    def run() -> str:
+        return subprocess.run(
+            ["make", "-s", "--no-print-directory", "smollm2-point", "N=100", "PY=echo",
+             f"LARGE={tmp_path}/large", f"CURVE={curve}", f"VENV={venv}"],  # fmt: skip
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    first = run()
+    assert "eval/benchmark.py" in first and f"output_dir={curve}/n100/benchmark" in first
+    assert "distill.py" not in first and "eval/data_curve.py" in first
+    (curve / "n100" / "benchmark" / "results.json").write_text("{}")
+    again = run()
+    assert "eval/benchmark.py" not in again and "eval/data_curve.py" in again

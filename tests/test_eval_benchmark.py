@@ -130,6 +130,33 @@ def test_no_confidence_head_sampled_batched(tiny_target, tmp_path, bench_dir):
     assert res["conditions"]["temperature"] == 0.8 and "T=0.8" in report
 
 
+def test_results_json_is_written_last_so_it_means_the_run_finished(
+    tiny_target, tmp_path, bench_dir, monkeypatch
+):
+    """make's targets read an output's results.json as done: a run that fails while writing
+    its report leaves none, and a finished one leaves a whole file beside its rounds."""
+    from dspark.eval import runner
+
+    draft = _draft(tiny_target, tmp_path / "draft")
+    cfg = _compose([f"draft={draft}", "datasets=[tiny]", f"bench_dir={bench_dir}",
+                    "max_new_tokens=4", "baselines.run=[]", "plots=false", "warmup=0"])  # fmt: skip
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(runner, "render_report", broken)
+        with pytest.raises(OSError):
+            runner.run(cfg, tmp_path / "out")
+    assert not (tmp_path / "out" / "results.json").exists()
+    res, _ = runner.run(cfg, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["datasets"].keys() == {
+        "tiny"
+    }
+    rounds = (tmp_path / "out" / "rounds.jsonl").read_text().splitlines()
+    assert len(rounds) == res["datasets"]["tiny"]["requests"] == 2
+
+
 def test_schema_defaults_live_in_the_dataclass():
     from omegaconf import OmegaConf
 

@@ -33,6 +33,7 @@ from dspark.eval.models import load_models
 from dspark.eval.prompts import load_dataset, render
 from dspark.eval.report import render_report
 from dspark.eval.summary import DatasetRecord, conditions, summarize, write_rounds
+from dspark.fileio import write_text_atomic
 from dspark.target.loading import eos_ids
 from dspark.timing import sync
 
@@ -201,8 +202,9 @@ def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     results["auto_settings"] = auto
     plots = make_plots(results, out) if cfg.plots else {}
     results["plots"] = plots
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     write_rounds(records, out / "rounds.jsonl")
     report = render_report(results, plots)
-    (out / "report.md").write_text(report)
+    write_text_atomic(out / "report.md", report)
+    # last, and whole or not at all: a results.json means the run finished (make's targets)
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
     return results, report

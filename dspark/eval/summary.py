@@ -18,6 +18,7 @@ import transformers
 from dspark.calibration import metrics as cal
 from dspark.eval import fastest_plain as fp
 from dspark.eval.metrics import acceptance_stats, ratio, throughput
+from dspark.fileio import write_text_atomic
 from dspark.machine import device_kind
 
 RESULTS_VERSION = 1
@@ -264,16 +265,17 @@ def summarize(
 
 def write_rounds(records: list[DatasetRecord], path) -> None:
     """One JSON line per request: the raw per-round record (to re-analyse or refit STS)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            for i, (a, v, c) in enumerate(zip(r.accept_lengths, r.verify_lengths, r.confidences)):
-                row = {
-                    "dataset": r.name,
-                    "request": i,
-                    "prompt_tokens": r.prompt_tokens[i],
-                    "new_tokens": r.spec_tokens[i],
-                    "accept_lengths": a,
-                    "verify_lengths": v,
-                    "confidences": c,
-                }
-                f.write(json.dumps(row) + "\n")
+    lines = []
+    for r in records:
+        for i, (a, v, c) in enumerate(zip(r.accept_lengths, r.verify_lengths, r.confidences)):
+            row = {
+                "dataset": r.name,
+                "request": i,
+                "prompt_tokens": r.prompt_tokens[i],
+                "new_tokens": r.spec_tokens[i],
+                "accept_lengths": a,
+                "verify_lengths": v,
+                "confidences": c,
+            }
+            lines.append(json.dumps(row) + "\n")
+    write_text_atomic(path, "".join(lines))
