@@ -7,8 +7,9 @@ from its runs.jsonl (dspark/data/build_status.py).
     make smollm2-large-status   # the same for the larger SmolLM2 build (LARGE_ROWS)
 
 --features and --run add a draft's stages after the answers: its feature cache (rows and
-shards done) and its training (the last checkpoint's step of the total), each with its pace and
-time left (dspark/data/features/cache_progress.py, dspark/training/run_status.py).
+shards done), the target head's pass over it at the training's start (shards summarized) and
+its training (the last checkpoint's step of the total), each with its pace and time left
+(dspark/data/features/cache_progress.py, summary_cache.py, dspark/training/run_status.py).
 
 Read-only: it may run beside the build. --json also writes the figures as JSON.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from dspark.data.build_status import build_status, render
 from dspark.data.features.cache_progress import cache_progress
+from dspark.data.features.summary_cache import summary_progress
 from dspark.errors import BadInputError, user_errors
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.training.run_status import render_training, run_status
@@ -37,9 +39,10 @@ if __name__ == "__main__":
         text = render(status)
         if a.run:
             status["features"] = cache_progress(a.features) if a.features else None
+            status["head_pass"] = summary_progress(a.features) if a.features else None
             status["training"] = run_status(a.run)
             text += f"\n## The draft: {a.run}\n\n"
-            text += render_training(status["features"], status["training"])
+            text += render_training(status["features"], status["training"], status["head_pass"])
         if a.json:
             write_text_atomic(a.json, dumps_strict(status, indent=2) + "\n")
     print(text, end="")

@@ -1,5 +1,6 @@
 """Where a draft's long stages stand, from their files alone: a feature cache's rows and shards
-done and its pace per row (`cache_progress`), a training run's last checkpoint of its total and
+done and its pace per row (`cache_progress`), the target head's pass over it in shards
+(`summary_progress`), a training run's last checkpoint of its total and
 its pace per step (`run_status`), each against figures worked out by hand; the status command's
 draft section. A real run's recorded total and steps: tests/test_training.py (timed chunks)."""
 
@@ -13,8 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from dspark.data.features.cache_progress import cache_progress
+from dspark.data.features.summary_cache import (
+    _write,
+    shard_summary_key,
+    summary_path,
+    summary_progress,
+)
 from dspark.training.run_status import GAP_FACTOR, render_training, run_status, step_pace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,3 +131,31 @@ def test_the_status_command_adds_the_draft(tmp_path, cache_copy):
     res = subprocess.run([*script, "--features", str(cache_copy)], capture_output=True,
                          text=True, env=env)  # fmt: skip
     assert res.returncode == 2 and res.stderr.count("error:") == 1 and "--run" in res.stderr
+
+
+def test_the_head_pass_over_a_cache_by_hand(tmp_path):
+    cache = tmp_path / "features"
+    cache.mkdir()
+    shards = [{"file": f"s{k}", "rows": [10 * k, 10 * k + 10], "sha256": f"{k:064x}"}
+              for k in range(6)]  # fmt: skip
+    (cache / "manifest.json").write_text(json.dumps({"shards": shards, "complete": True}))
+    root = tmp_path / "dspark_cache"
+    row = {0: (torch.zeros(3), torch.zeros(3, dtype=torch.long))}
+    t = 1_000_000.0
+    for k, gap in [(0, 0.0), (1, 30.0), (2, 30.0), (3, 900.0)]:  # shard 3 after a restart
+        path = summary_path(shard_summary_key(shards[k], "head"), root)
+        _write(path, shard_summary_key(shards[k], "head"), row)
+        t += gap
+        os.utime(path, (t, t))
+    other = {"sha256": "f" * 64}  # another cache's shard: not this pass's
+    _write(
+        summary_path(shard_summary_key(other, "head"), root), shard_summary_key(other, "head"), row
+    )
+    (root / "target_summaries" / "torn.pt").write_bytes(b"PK\x03")  # a torn file: not counted
+    got = summary_progress(cache, root)
+    # 4 of 6 shards; gaps 30, 30, 900 s: the median, 30 s a shard, for the 2 left
+    assert got == {"shards": 6, "shards_done": 4, "s_per_shard": 30.0, "left_s": 60.0}
+    assert summary_progress(tmp_path / "nothing", root) is None
+    text = render_training(None, run_status(tmp_path / "none"), got)
+    assert "| target head's pass | 4 shards | 6 shards | 30.0 s / shard | 0.02 h |" in text
+    assert "| target head's pass" not in render_training(None, run_status(tmp_path / "none"))

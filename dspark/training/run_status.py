@@ -65,9 +65,10 @@ def _hours(s: float | None) -> str:
     return "?" if s is None else f"{s / 3600:.2f} h"
 
 
-def render_training(cache: dict | None, run: dict) -> str:
-    """A run's two long stages as Markdown: its feature cache (`cache_progress`, None where the
-    cache is not there) and its training (`run_status`), each with its pace and time left."""
+def render_training(cache: dict | None, run: dict, head: dict | None = None) -> str:
+    """A run's long stages as Markdown: its feature cache (`cache_progress`, None where the
+    cache is not there), the target head's pass over it (`summary_progress`, None where not
+    known) and its training (`run_status`), each with its pace and time left."""
     lines = ["| stage | done | of | pace | time left |", "|---|---|---|---|---|"]
     if run["finished"]:
         cache_row = "| feature cache | done |  |  | 0.00 h |"  # a finished run may delete it
@@ -78,13 +79,18 @@ def render_training(cache: dict | None, run: dict) -> str:
         cache_row = (f"| feature cache | {cache['rows_done']:,} rows ({cache['shards_done']} "
                      f"shards) | {cache['rows']:,} rows ({cache['shards']} shards) | {pace} "
                      f"| {_hours(cache['left_s'])} |")  # fmt: skip
+    lines.append(cache_row)
+    head_left = 0.0 if run["finished"] or head is None else head["left_s"]
+    if head is not None and not run["finished"]:
+        pace = "?" if head["s_per_shard"] is None else f"{head['s_per_shard']:.1f} s / shard"
+        lines.append(f"| target head's pass | {head['shards_done']} shards | {head['shards']} "
+                     f"shards | {pace} | {_hours(head['left_s'])} |")  # fmt: skip
     total = "?" if run["total_steps"] is None else f"{run['total_steps']:,} steps"
     pace = "?" if run["s_per_step"] is None else f"{run['s_per_step']:.3f} s / step"
     state = f"step {run['step']:,}" if run["started"] else "not started"
-    lines += [cache_row, f"| training | {state} | {total} | {pace} | {_hours(run['left_s'])} |"]
-    parts = [run["left_s"], 0.0 if run["finished"] else cache and cache["left_s"]]
+    lines.append(f"| training | {state} | {total} | {pace} | {_hours(run['left_s'])} |")
+    parts = [run["left_s"], head_left, 0.0 if run["finished"] else cache and cache["left_s"]]
     known = None if any(p is None for p in parts) else sum(p for p in parts if p)
-    lines += ["", f"Time left for the cache and the training at these paces: {_hours(known)} "
-              "(a job's start, which loads the target and may pass its head over the cache, "
-              "not counted)."]  # fmt: skip
+    lines += ["", f"Time left for these stages at these paces: {_hours(known)} (a job's start, "
+              "which loads the target, not counted)."]  # fmt: skip
     return "\n".join(lines) + "\n"

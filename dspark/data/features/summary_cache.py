@@ -12,6 +12,7 @@ shard's SHA-256 (a shard's bytes fix its rows' features; a linked shard keeps it
 head's dtype, shape and weight bytes. Rows a file lacks are computed and the union written back
 atomically; a file that does not read back is measured again, never trusted. A file of the
 earlier layout, one per cache (keyed by its manifest), is read where a shard's file lacks rows.
+`summary_progress` says, from these files alone, how far a run's pass over a cache has come.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from dspark.data.features.feature_cache import MANIFEST
 from dspark.data.features.feature_dataset import ROW_COLUMN, FeatureCache, summarize_rows
+from dspark.data.outputs import read_json_object
 from dspark.locking import CACHE_WAIT_S, exclusive_output
 from dspark.paths import cache_root
 
@@ -122,3 +126,43 @@ def load_or_summarize(
                 _write(path, key, {r - start: v for r, v in have.items()})
         out.update((rows[i], have[rows[i]]) for i in idx)
     return {r: out[r] for r in rows}
+
+
+def _shard_of_file(path: Path) -> str | None:
+    """The shard SHA-256 a summary file is keyed by; None for a file that does not read."""
+    try:  # mmap: the key is read, the rows' tensors are not
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        return None
+    key = saved.get("key") if isinstance(saved, dict) else None
+    return key.get("shard_sha256") if isinstance(key, dict) else None
+
+
+def summary_progress(cache_dir: str | os.PathLike, root: Path | None = None) -> dict | None:
+    """How far the pass of a target head over the cache in `cache_dir` has come, read-only from
+    the summary files (so it may run beside the pass): `shards`, `shards_done` (shards with a
+    summary file, for any head: a cache's shards are summarized by one target's head), the pace
+    `s_per_shard` (the median gap between consecutive files' modification times: a gap over a
+    kill or a job's start says nothing of the pace) and `left_s`; None without a manifest."""
+    manifest = read_json_object(Path(cache_dir) / MANIFEST)
+    if manifest is None:
+        return None
+    shards = {
+        s["sha256"] for s in manifest.get("shards") or [] if isinstance(s, dict) and "sha256" in s
+    }
+    done: dict[str, float] = {}  # shard sha256 -> its newest summary file's mtime
+    folder = (root or cache_root()) / "target_summaries"
+    for path in sorted(folder.glob("*.pt")) if folder.is_dir() else []:
+        sha = _shard_of_file(path)
+        if sha is not None and sha in shards:
+            done[sha] = max(done.get(sha, 0.0), path.stat().st_mtime)
+    times = sorted(done.values())
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    pace = statistics.median(gaps) if gaps else None
+    left = max(0, len(shards) - len(done)) * pace if pace is not None else None
+    return {
+        "shards": len(shards),
+        "shards_done": len(done),
+        "s_per_shard": pace,
+        "left_s": 0.0 if len(done) >= len(shards) else left,
+    }
