@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Where every cached thing lives (dspark.paths.cache_root): data builds, targets, llama.cpp.
 CACHE_ROOT := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)
 
-.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-large-status smollm2-point smollm2-large smollm2-served ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-large-status smollm2-point smollm2-seen-unseen smollm2-large smollm2-served ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -249,6 +249,21 @@ smollm2-point: setup
 		max_new_tokens=128 verify_length=full baselines.run=[] output_dir=$(CURVE)/n$(N)/benchmark
 	$(PY) eval/data_curve.py $(CURVE) --build $(LARGE)/answers --mix $(LARGE)/mix.jsonl \
 		--prompt-set chat=$(LARGE)/magpie_chat --prompt-set code=$(LARGE)/magpie_code
+
+# Seen against unseen: a point's draft on SEEN_PROMPTS prompts it trained on (the build's first
+# rows) and as many of the same mix it never saw (the rows after its N), SEEN_TOKENS new tokens,
+# every block verified in full: the tau gap is what more rows of the same kind can close.
+SEEN_PROMPTS ?= 40
+SEEN_TOKENS ?= 256
+SEEN_DIR := $(CURVE)/n$(N)/seen_unseen
+smollm2-seen-unseen: setup
+	$(PY) data_scripts/seen_unseen_sets.py $(LARGE)/answers --trained-rows $(N) \
+		--prompts $(SEEN_PROMPTS) --output $(SEEN_DIR)/sets
+	$(MAKE) --no-print-directory N=$(N) $(SEEN_DIR)/seen/results.json $(SEEN_DIR)/unseen/results.json
+$(SEEN_DIR)/seen/results.json $(SEEN_DIR)/unseen/results.json: $(SEEN_DIR)/%/results.json:
+	$(PY) eval/benchmark.py draft=$(CURVE)/n$(N)/draft datasets=[$*] bench_dir=$(SEEN_DIR)/sets \
+		num_prompts=$(SEEN_PROMPTS) max_new_tokens=$(SEEN_TOKENS) dtype=$(QS_BENCH_DTYPE) \
+		verify_length=full baselines.run=[] output_dir=$(SEEN_DIR)/$*
 
 # The larger SmolLM2 draft: the curve's largest point (LARGE_ROWS answered conversations, the
 # same recipe and epochs; resumable as above), benchmarked as `make smollm2` is on five sets,

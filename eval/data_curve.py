@@ -13,8 +13,12 @@ per set is the slope the report quotes. What limits a point: the draft's tau on 
 training rows in the last epoch (blocks-weighted over metrics.jsonl) against held-out. A draft
 that does no better on rows it has seen five times than on new ones (gap < FIT_GAP) cannot be
 lifted by more rows of the same kind: its capacity limits it. A wider gap is what it learnt
-from its rows and does not carry over: more data closes it. Each point names the machine it
-trained on (training hours and CPU-hours compare only within one machine kind).
+from its rows and does not carry over: more data closes it. The held-out set is another kind of
+prompt than the mix, so that gap also holds the shift between kinds; where a point has them
+(`make smollm2-seen-unseen N=...`), the decoder's tau on prompts of the mix the draft trained
+on and on prompts of the same mix after its N rows measures the same gap without the shift.
+Each point names the machine it trained on (training hours and CPU-hours compare only within
+one machine kind).
 """
 
 from __future__ import annotations
@@ -56,6 +60,18 @@ def limit_of(point: dict) -> str | None:
     return "data" if train - held >= FIT_GAP else "capacity"
 
 
+def seen_unseen_tau(run: Path) -> dict | None:
+    """`{"seen", "unseen"}` decoder tau (`make smollm2-seen-unseen`); None where not both."""
+    taus = {}
+    for name in ("seen", "unseen"):
+        path = run / "seen_unseen" / name / "results.json"
+        if not path.is_file():
+            return None
+        sets = json.loads(path.read_text())["datasets"]
+        taus[name] = ((sets.get(name) or {}).get("acceptance") or {}).get("tau")
+    return taus
+
+
 def read_point(run: Path) -> dict:
     n = int(re.fullmatch(r"n(\d+)", run.name).group(1))  # type: ignore[union-attr]
     res = json.loads((run / "results.json").read_text())
@@ -63,7 +79,8 @@ def read_point(run: Path) -> dict:
              "held_out_tau_greedy": res["final_eval"].get("eval/tau_greedy"),
              "train_s": res.get("train_seconds_total", res.get("train_seconds")),
              "train_tau_greedy": last_epoch_train_tau(run),
-             "machine": (res.get("conditions") or {}).get("device_name")}  # fmt: skip
+             "machine": (res.get("conditions") or {}).get("device_name"),
+             "seen_unseen_tau": seen_unseen_tau(run)}  # fmt: skip
     point["limit"] = limit_of(point)
     bench = run / "benchmark" / "results.json"
     if bench.is_file():
@@ -145,11 +162,16 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
     def f(v, spec):
         return "" if v is None else format(v, spec)
 
+    def seen(p):
+        su = p.get("seen_unseen_tau") or {}
+        return "" if not su else f"{f(su.get('seen'), '.2f')} / {f(su.get('unseen'), '.2f')}"
+
     head = ("| N | steps | held-out tau_greedy | train tau_greedy (last epoch) | limit | "
-            + " | ".join(sets) + " | prompts CPU-h | answers CPU-h | train h | machine |")  # fmt: skip
-    lines = ["# tau against data", "", head, "|" + "---|" * (len(sets) + 9)]
+            + " | ".join(sets) + " | seen / unseen tau | prompts CPU-h | answers CPU-h | "
+            "train h | machine |")  # fmt: skip
+    lines = ["# tau against data", "", head, "|" + "---|" * (len(sets) + 10)]
     for p in points:
-        taus = " | ".join(f(p["tau"].get(s), ".2f") for s in sets)
+        taus = " | ".join([f(p["tau"].get(s), ".2f") for s in sets] + [seen(p)])
         tr = p.get("train_s")
         mark = "*" if p.get("recorded") else ""
         lines.append(f"| {p['n']}{mark} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
@@ -159,7 +181,10 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
     lines += ["", "tau gained by the last doubling of data: " + ", ".join(
         f"{k} {v:+.3f}" for k, v in gains.items() if v is not None) + ".",
         f"limit: `data` where the draft's tau on its training rows (last epoch) exceeds held-out "
-        f"by {FIT_GAP} or more (what more rows would close), `capacity` below that."]  # fmt: skip
+        f"by {FIT_GAP} or more (what more rows would close), `capacity` below that.",
+        "seen / unseen: the decoder's tau on prompts of the mix the draft trained on and on "
+        "prompts of the same mix it never saw (`make smollm2-seen-unseen`): their gap, free of "
+        "the held-out set's other kind of prompt, is what more rows of the mix can close."]  # fmt: skip
     lines += [f"`*`: as recorded in {src} (another build's rows; a doubling across builds "
               "also holds the difference between their draws)."
               for src in sorted({p["recorded"] for p in points if p.get("recorded")})]  # fmt: skip

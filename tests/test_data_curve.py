@@ -40,9 +40,20 @@ def _point(root: Path, n: int, held: float, taus: dict, train_s: float,
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
 
 
+def _seen_unseen(run: Path, seen: float, unseen: float | None) -> None:
+    for name, tau in (("seen", seen), ("unseen", unseen)):
+        if tau is not None:
+            (run / "seen_unseen" / name).mkdir(parents=True)
+            (run / "seen_unseen" / name / "results.json").write_text(
+                json.dumps({"datasets": {name: {"acceptance": {"tau": tau}}}})
+            )
+
+
 def test_the_curve_from_its_points(tmp_path):
     _point(tmp_path, 1500, 1.80, {"gsm8k": 2.0, "mt-bench": 1.3}, 3600.0)
     _point(tmp_path, 6000, 2.10, {"gsm8k": 2.5, "mt-bench": 1.5}, 7200.0)
+    _seen_unseen(tmp_path / "n6000", 3.1, 2.6)
+    _seen_unseen(tmp_path / "n1500", 2.4, None)  # the unseen set not measured: no column
     # a run from before training recorded its machine: the benchmark's names it
     _point(tmp_path, 3000, 2.00, {"gsm8k": 2.3, "mt-bench": 1.4}, 5400.0, None, "Xeon (AMX)")
     build = tmp_path / "build"
@@ -89,9 +100,13 @@ def test_the_curve_from_its_points(tmp_path):
     assert [p["train_tau_greedy"] for p in curve["points"]] == pytest.approx([2.0, 2.2, 2.3])
     assert [p["limit"] for p in curve["points"]] == ["data"] * 3
     assert (
-        f"| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 0.66 | 4.83 | 2.00 | {ZEN4} |" in md
+        f"| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 3.10 / 2.60 | 0.66 | 4.83 | 2.00 | "
+        f"{ZEN4} |" in md
     )
     assert [p["machine"] for p in curve["points"]] == [ZEN4, "Xeon (AMX)", ZEN4]
+    assert [p["seen_unseen_tau"] for p in curve["points"]] == [
+        None, None, {"seen": 3.1, "unseen": 2.6}]  # fmt: skip
+    assert "| 1500 | 150 | 1.800 | 2.000 | data | 2.00 | 1.30 |  | " in md
     assert (tmp_path / "report" / "curve.png").stat().st_size > 0
     with pytest.raises(SystemExit) as e:  # a prompt set given without its source name
         data_curve.main([str(tmp_path), "--mix", str(mix), "--prompt-set", str(chat)])
@@ -142,8 +157,10 @@ def test_recorded_points_join_the_curve_as_recorded(tmp_path, capsys):
     assert curve["points"][2]["answers_cpu_h"] is None  # no build given for the run here
     assert curve["doubling_gain"]["gsm8k"] == pytest.approx(0.2)  # 3000 (recorded) -> 6000
     md = (root / "report" / "curve.md").read_text()
-    assert "| 1500* | 150 | 1.800 | 2.000 | data | 2.00 | 0.20 | 0.40 | 1.00 | Xeon (AMX) |" in md
-    assert "| 3000* | 300 | 2.000 |  |  | 2.30 |  | 0.80 |  |  |" in md  # no machine recorded
+    assert (
+        "| 1500* | 150 | 1.800 | 2.000 | data | 2.00 |  | 0.20 | 0.40 | 1.00 | Xeon (AMX) |" in md
+    )
+    assert "| 3000* | 300 | 2.000 |  |  | 2.30 |  |  | 0.80 |  |  |" in md  # no machine recorded
     assert f"`*`: as recorded in {rec}" in md
     rec.write_text(json.dumps({"rows": []}))
     with pytest.raises(SystemExit) as e:
