@@ -27,9 +27,9 @@ from dspark import dtype_choice as choice
 from dspark.config import DSparkConfig
 from dspark.decoding.round_cost import RoundBench
 from dspark.dtype_choice import break_even_tau, expected_tokens
+from dspark.modeling import DSparkDraftModel
 
 __all__ = ["best_verify_length", "break_even_tau", "expected_tokens", "measure_costs", "speedup"]
-from dspark.modeling import DSparkDraftModel
 
 
 def measure_costs(
