@@ -166,10 +166,11 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         su = p.get("seen_unseen_tau") or {}
         return "" if not su else f"{f(su.get('seen'), '.2f')} / {f(su.get('unseen'), '.2f')}"
 
-    head = ("| N | steps | held-out tau_greedy | train tau_greedy (last epoch) | limit | "
-            + " | ".join(sets) + " | seen / unseen tau | prompts CPU-h | answers CPU-h | "
-            "train h | machine |")  # fmt: skip
-    lines = ["# tau against data", "", head, "|" + "---|" * (len(sets) + 10)]
+    columns = ["N", "steps", "held-out tau_greedy", "train tau_greedy (last epoch)", "limit",
+               *sets, "seen / unseen tau", "prompts CPU-h", "answers CPU-h", "train h",
+               "machine"]  # fmt: skip
+    head = "| " + " | ".join(columns) + " |"
+    lines = ["# tau against data", "", head, "|" + "---|" * len(columns)]
     for p in points:
         taus = " | ".join([f(p["tau"].get(s), ".2f") for s in sets] + [seen(p)])
         tr = p.get("train_s")

@@ -166,3 +166,19 @@ def test_recorded_points_join_the_curve_as_recorded(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         data_curve.main([str(root), "--recorded", str(rec)])
     assert e.value.code == 2 and "--recorded" in capsys.readouterr().err
+
+
+def test_the_table_has_one_column_a_heading_with_or_without_bench_sets(tmp_path):
+    run = tmp_path / "n1500"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"steps": 5, "final_eval": {}}))
+    _seen_unseen(run, 1.2, 1.1)
+    data_curve.main([str(tmp_path)])
+    table = [x for x in (tmp_path / "report" / "curve.md").read_text().splitlines() if x[:1] == "|"]
+    assert len(table) == 3 and len({x.count("|") for x in table}) == 1, table
+    assert "| 1.20 / 1.10 |" in table[2]
+    _point(tmp_path / "two", 3000, 2.0, {"gsm8k": 2.3}, 60.0)
+    data_curve.main([str(tmp_path / "two")])
+    table = [x for x in (tmp_path / "two" / "report" / "curve.md").read_text().splitlines()
+             if x[:1] == "|"]  # fmt: skip
+    assert len({x.count("|") for x in table}) == 1, table
