@@ -31,6 +31,7 @@ from pathlib import Path
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 from dspark.data.build_status import runs_cpu_s
+from dspark.data.prompts.seen_unseen import SETS as SEEN_UNSEEN
 from dspark.errors import BadInputError, user_errors
 from dspark.fileio import dumps_strict, write_text_atomic
 
@@ -63,7 +64,7 @@ def limit_of(point: dict) -> str | None:
 def seen_unseen_tau(run: Path) -> dict | None:
     """`{"seen", "unseen"}` decoder tau (`make smollm2-seen-unseen`); None where not both."""
     taus = {}
-    for name in ("seen", "unseen"):
+    for name in SEEN_UNSEEN:
         path = run / "seen_unseen" / name / "results.json"
         if not path.is_file():
             return None

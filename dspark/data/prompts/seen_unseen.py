@@ -24,7 +24,7 @@ from dspark.data.prompts.rows import BadLine, MalformedRow, normalize_row
 from dspark.errors import BadInputError, MissingPathError
 from dspark.fileio import write_text_atomic
 
-SETS = ("seen", "unseen")
+SETS = ("seen", "unseen")  # the two sets' names, which are also their files' stems
 
 
 def _turns(row, where: str) -> list[str]:
@@ -47,7 +47,7 @@ def seen_unseen_turns(answers: str | os.PathLike, trained_rows: int, n: int) -> 
                                "answers/regenerated.jsonl")  # fmt: skip
     if n < 1 or trained_rows < n:
         raise BadInputError(f"need 1 <= --prompts ({n}) <= --trained-rows ({trained_rows})")
-    sets: dict[str, list[list[str]]] = {"seen": [], "unseen": []}
+    sets: dict[str, list[list[str]]] = {name: [] for name in SETS}
     for i, row in enumerate(read_jsonl_lines(path)):
         if i >= trained_rows + n:
             break
