@@ -282,7 +282,8 @@ $(LARGE_BENCH)/%/results.json:
 
 # A draft for the target as it is served: the embedded target's SERVED_QUANT GGUF (llama.cpp's
 # converter and llama-quantize) answers the larger build's first SERVED_ROWS prompts itself in
-# llama.cpp's server, the features come from its weights dequantized, and SERVED_FROM (the
+# llama.cpp's server (their agreement with the same GGUF dequantized in the bundled decoder
+# recorded), the features come from its weights dequantized, and SERVED_FROM (the
 # larger recipe's draft) is fine-tuned on them; then both drafts in llama.cpp on that GGUF,
 # back to back (gsm8k and humaneval, first 40 prompts, 256 new tokens, flags tuned on held-out
 # prompts). Each step resumes: rerun after `Error 75`; a finished step is kept.
@@ -294,7 +295,7 @@ SERVED_FROM ?= $(CURVE)/n$(LARGE_ROWS)/draft
 SERVED_GGUF ?= $(CACHE_ROOT)/targets/gguf/smollm2-135m-instruct/smollm2-135m-instruct.$(SERVED_QUANT).gguf
 SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
 SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
-SERVED_REGEN := $(PY) data_scripts/regenerate.py --target embedded --backend llama-cpp \
+SERVED_REGEN := $(PY) data_scripts/regenerate.py --target $(SERVED_GGUF) --backend llama-cpp \
 	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024 --tokenize
 SERVED_CACHE := $(PY) data_scripts/cache_features.py --target $(SERVED_GGUF) --target-dtype bfloat16
 SERVED_BENCH := $(PY) eval/llama_cpp_bench.py --target-gguf $(SERVED_GGUF) --draft-outtype q4_0 \

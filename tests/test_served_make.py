@@ -43,6 +43,9 @@ def test_the_served_gguf_is_the_answers_the_features_and_the_training_target(tmp
                  f"--input {tmp_path}/large/mix.jsonl", f"--output {data}/answers"):  # fmt: skip
         assert want in regen
     assert f"--target-gguf {gguf}" in test_regen and "--split test" in test_regen
+    # the answers' tokenizer and their agreement record's reference: the served GGUF itself
+    # (dequantized), so the record measures the engine, not the quant
+    assert all(f"--target {gguf} " in x for x in (regen, test_regen))
     caches = [x for x in lines if "cache_features.py" in x]
     assert len(caches) == 2 and all(f"--target {gguf}" in x for x in caches)
     (train,) = [x for x in lines if "distill.py" in x]
