@@ -61,16 +61,17 @@ def limit_of(point: dict) -> str | None:
     return "data" if train - held >= FIT_GAP else "capacity"
 
 
+def bench_taus(bench: dict) -> dict:
+    """Decoder tau per set of a benchmark's results.json."""
+    return {k: (v.get("acceptance") or {}).get("tau") for k, v in bench["datasets"].items()}
+
+
 def seen_unseen_tau(run: Path) -> dict | None:
     """`{"seen", "unseen"}` decoder tau (`make smollm2-seen-unseen`); None where not both."""
-    taus = {}
-    for name in SEEN_UNSEEN:
-        path = run / "seen_unseen" / name / "results.json"
-        if not path.is_file():
-            return None
-        sets = json.loads(path.read_text())["datasets"]
-        taus[name] = ((sets.get(name) or {}).get("acceptance") or {}).get("tau")
-    return taus
+    paths = {name: run / "seen_unseen" / name / "results.json" for name in SEEN_UNSEEN}
+    if not all(p.is_file() for p in paths.values()):
+        return None
+    return {name: bench_taus(json.loads(p.read_text())).get(name) for name, p in paths.items()}
 
 
 def read_point(run: Path) -> dict:
@@ -86,7 +87,7 @@ def read_point(run: Path) -> dict:
     bench = run / "benchmark" / "results.json"
     if bench.is_file():
         b = json.loads(bench.read_text())
-        point["tau"] = {k: (v.get("acceptance") or {}).get("tau") for k, v in b["datasets"].items()}
+        point["tau"] = bench_taus(b)
         # a run from before training recorded its machine: its benchmark's, as a rule the same
         point["machine"] = point["machine"] or (b.get("conditions") or {}).get("device_name")
     else:

@@ -189,9 +189,8 @@ def default_widths(gamma: int) -> list[int]:
 
 def device_name(device: torch.device) -> str:
     """The profile's device: a GPU's name, or the CPU's kind and its threads."""
-    if device.type == "cuda":
-        return device_kind(device)
-    return f"{device_kind(device)}-{torch.get_num_threads()}threads"
+    kind = device_kind(device)
+    return kind if device.type == "cuda" else f"{kind}-{torch.get_num_threads()}threads"
 
 
 def cache_path(
