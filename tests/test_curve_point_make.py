@@ -58,7 +58,7 @@ def test_a_point_links_and_then_deletes_the_cache_another_point_kept(tmp_path):
 
 def test_a_benchmarked_point_is_not_benchmarked_again(tmp_path):
     """The point's benchmark runs while its benchmark/results.json is missing (written last,
-        whole: dspark/eval/runner.py), and not once it is there (make -s with PY=echo: the
+    whole: dspark/eval/runner.py), and not once it is there (make -s with PY=echo: the
     commands it runs are printed, not run)."""
     curve = tmp_path / "curve"
     (curve / "n100" / "benchmark").mkdir(parents=True)

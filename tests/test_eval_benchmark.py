@@ -11,6 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from dspark.eval import runner
 from dspark.eval.benchmark_config import BenchmarkConfig, register
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,8 +136,6 @@ def test_results_json_is_written_last_so_it_means_the_run_finished(
 ):
     """make's targets read an output's results.json as done: a run that fails while writing
     its report leaves none, and a finished one leaves a whole file beside its rounds."""
-    from dspark.eval import runner
-
     draft = _draft(tiny_target, tmp_path / "draft")
     cfg = _compose([f"draft={draft}", "datasets=[tiny]", f"bench_dir={bench_dir}",
                     "max_new_tokens=4", "baselines.run=[]", "plots=false", "warmup=0"])  # fmt: skip
