@@ -319,3 +319,17 @@ def test_bad_auto_settings_fail_clearly(override, fix):
     with pytest.raises(BadInputError) as e:
         check(_compose(["draft=x", "datasets=[embedded]", override]))
     assert fix in str(e.value)
+
+
+def test_the_report_names_the_verify_length_it_ran(tiny_target, tmp_path, bench_dir):
+    """verify_length below the block: the conditions say how many drafts a round verified,
+    not "full block"."""
+    draft = _draft(tiny_target, tmp_path / "draft")
+    base = [f"draft={draft}", "datasets=[tiny]", f"bench_dir={bench_dir}", "max_new_tokens=4",
+            "baselines.run=[]", "plots=false", "warmup=0"]  # fmt: skip
+    res, report = runner.run(_compose([*base, "verify_length=2"]), tmp_path / "two")
+    block = res["conditions"]["block_size"]
+    assert block > 2 and res["conditions"]["verify_length"] == 2
+    assert f"verification: the first 2 of the block's {block} drafts (verify_length)" in report
+    _, full = runner.run(_compose([*base, "verify_length=full"]), tmp_path / "full")
+    assert "verification: full block," in full

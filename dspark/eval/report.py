@@ -134,6 +134,9 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
         "threshold": f"confidence threshold {c['confidence_threshold']}",
         "scheduler": f"prefix scheduler ({c.get('scheduler_batch', 'padded')} pricing)",
     }[policy]
+    length = c.get("verify_length")
+    if policy == "full" and isinstance(length, int) and length < c["block_size"]:
+        verify = f"the first {length} of the block's {c['block_size']} drafts (verify_length)"
     if c.get("confidence_temperatures"):
         verify += ", STS-calibrated confidences"
 
