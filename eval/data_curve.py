@@ -74,12 +74,21 @@ def seen_unseen_tau(run: Path) -> dict | None:
     return {name: bench_taus(json.loads(p.read_text())).get(name) for name, p in paths.items()}
 
 
+def features_s(cost: dict | None) -> float | None:
+    """Wall seconds of a run's feature cache (training's `feature_cache`): the target's passes
+    writing it plus its head's pass over it; None where the cache's pace is not on record."""
+    if not cost or cost.get("cache_s") is None:
+        return None
+    return cost["cache_s"] + (cost.get("head_pass_s") or 0.0)
+
+
 def read_point(run: Path) -> dict:
     n = int(re.fullmatch(r"n(\d+)", run.name).group(1))  # type: ignore[union-attr]
     res = json.loads((run / "results.json").read_text())
     point = {"n": n, "steps": res.get("steps"),
              "held_out_tau_greedy": res["final_eval"].get("eval/tau_greedy"),
              "train_s": res.get("train_seconds_total", res.get("train_seconds")),
+             "features_s": features_s(res.get("feature_cache")),
              "train_tau_greedy": last_epoch_train_tau(run),
              "machine": (res.get("conditions") or {}).get("device_name"),
              "seen_unseen_tau": seen_unseen_tau(run)}  # fmt: skip
@@ -169,17 +178,18 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         return "" if not su else f"{f(su.get('seen'), '.2f')} / {f(su.get('unseen'), '.2f')}"
 
     columns = ["N", "steps", "held-out tau_greedy", "train tau_greedy (last epoch)", "limit",
-               *sets, "seen / unseen tau", "prompts CPU-h", "answers CPU-h", "train h",
-               "machine"]  # fmt: skip
+               *sets, "seen / unseen tau", "prompts CPU-h", "answers CPU-h", "features h",
+               "train h", "machine"]  # fmt: skip
     head = "| " + " | ".join(columns) + " |"
     lines = ["# tau against data", "", head, "|" + "---|" * len(columns)]
     for p in points:
         taus = " | ".join([f(p["tau"].get(s), ".2f") for s in sets] + [seen(p)])
-        tr = p.get("train_s")
+        tr, fs = p.get("train_s"), p.get("features_s")
         mark = "*" if p.get("recorded") else ""
         lines.append(f"| {p['n']}{mark} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
                      f"{f(p.get('train_tau_greedy'), '.3f')} | {p.get('limit') or ''} | {taus} | "
                      f"{f(p.get('prompts_cpu_h'), '.2f')} | {f(p.get('answers_cpu_h'), '.2f')} | "
+                     f"{f(None if fs is None else fs / 3600, '.2f')} | "
                      f"{f(None if tr is None else tr / 3600, '.2f')} | {p.get('machine') or ''} |")  # fmt: skip
     lines += ["", "tau gained by the last doubling of data: " + ", ".join(
         f"{k} {v:+.3f}" for k, v in gains.items() if v is not None) + ".",
@@ -187,7 +197,9 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         f"by {FIT_GAP} or more (what more rows would close), `capacity` below that.",
         "seen / unseen: the decoder's tau on prompts of the mix the draft trained on and on "
         "prompts of the same mix it never saw (`make smollm2-seen-unseen`): their gap, free of "
-        "the held-out set's other kind of prompt, is what more rows of the mix can close."]  # fmt: skip
+        "the held-out set's other kind of prompt, is what more rows of the mix can close.",
+        "features h: the target's passes writing the point's feature cache and its head's pass "
+        "over it; train h: the training steps (wall hours on the point's machine, both)."]  # fmt: skip
     lines += [f"`*`: as recorded in {src} (another build's rows; a doubling across builds "
               "also holds the difference between their draws)."
               for src in sorted({p["recorded"] for p in points if p.get("recorded")})]  # fmt: skip

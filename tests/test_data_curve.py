@@ -21,13 +21,14 @@ ZEN4 = "AMD EPYC (family 25 model 17; AVX-512 BF16, no AMX)"
 
 
 def _point(root: Path, n: int, held: float, taus: dict, train_s: float,
-           trained_on: str | None = ZEN4, benchmarked_on: str = "another CPU"):  # fmt: skip
+           trained_on: str | None = ZEN4, benchmarked_on: str = "another CPU",
+           feature_cache: dict | None = None):  # fmt: skip
     run = root / f"n{n}"
     (run / "benchmark").mkdir(parents=True)
     conditions = {"device_name": trained_on} if trained_on else {}
     (run / "results.json").write_text(json.dumps(
         {"steps": n // 10, "final_eval": {"eval/tau_greedy": held}, "train_seconds": train_s,
-         "conditions": conditions}))  # fmt: skip
+         "conditions": conditions, "feature_cache": feature_cache}))  # fmt: skip
     (run / "benchmark" / "results.json").write_text(json.dumps(
         {"datasets": {k: {"acceptance": {"tau": v}} for k, v in taus.items()},
          "conditions": {"device_name": benchmarked_on}}))  # fmt: skip
@@ -50,8 +51,12 @@ def _seen_unseen(run: Path, seen: float, unseen: float | None) -> None:
 
 
 def test_the_curve_from_its_points(tmp_path):
-    _point(tmp_path, 1500, 1.80, {"gsm8k": 2.0, "mt-bench": 1.3}, 3600.0)
-    _point(tmp_path, 6000, 2.10, {"gsm8k": 2.5, "mt-bench": 1.5}, 7200.0)
+    # the features' wall time: the cache's passes plus its head's pass (3,600 + 1,800 s);
+    # a cache whose pace is not on record (one shard) has none, whatever its head's pass took
+    _point(tmp_path, 1500, 1.80, {"gsm8k": 2.0, "mt-bench": 1.3}, 3600.0,
+           feature_cache={"cache_s": None, "head_pass_s": 900.0})  # fmt: skip
+    _point(tmp_path, 6000, 2.10, {"gsm8k": 2.5, "mt-bench": 1.5}, 7200.0,
+           feature_cache={"rows": 6000, "cache_s": 3600.0, "head_pass_s": 1800.0})  # fmt: skip
     _seen_unseen(tmp_path / "n6000", 3.1, 2.6)
     _seen_unseen(tmp_path / "n1500", 2.4, None)  # the unseen set not measured: no column
     # a run from before training recorded its machine: the benchmark's names it
@@ -100,13 +105,14 @@ def test_the_curve_from_its_points(tmp_path):
     assert [p["train_tau_greedy"] for p in curve["points"]] == pytest.approx([2.0, 2.2, 2.3])
     assert [p["limit"] for p in curve["points"]] == ["data"] * 3
     assert (
-        f"| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 3.10 / 2.60 | 0.66 | 4.83 | 2.00 | "
+        f"| 6000 | 600 | 2.100 | 2.300 | data | 2.50 | 1.50 | 3.10 / 2.60 | 0.66 | 4.83 | 1.50 | 2.00 | "
         f"{ZEN4} |" in md
     )
     assert [p["machine"] for p in curve["points"]] == [ZEN4, "Xeon (AMX)", ZEN4]
     assert [p["seen_unseen_tau"] for p in curve["points"]] == [
         None, None, {"seen": 3.1, "unseen": 2.6}]  # fmt: skip
-    assert "| 1500 | 150 | 1.800 | 2.000 | data | 2.00 | 1.30 |  | " in md
+    assert "| 1500 | 150 | 1.800 | 2.000 | data | 2.00 | 1.30 |  | 0.16 | 1.21 |  | 1.00 | " in md
+    assert [p["features_s"] for p in curve["points"]] == [None, None, 5400.0]
     assert (tmp_path / "report" / "curve.png").stat().st_size > 0
     with pytest.raises(SystemExit) as e:  # a prompt set given without its source name
         data_curve.main([str(tmp_path), "--mix", str(mix), "--prompt-set", str(chat)])
@@ -158,9 +164,10 @@ def test_recorded_points_join_the_curve_as_recorded(tmp_path, capsys):
     assert curve["doubling_gain"]["gsm8k"] == pytest.approx(0.2)  # 3000 (recorded) -> 6000
     md = (root / "report" / "curve.md").read_text()
     assert (
-        "| 1500* | 150 | 1.800 | 2.000 | data | 2.00 |  | 0.20 | 0.40 | 1.00 | Xeon (AMX) |" in md
+        "| 1500* | 150 | 1.800 | 2.000 | data | 2.00 |  | 0.20 | 0.40 |  | 1.00 | Xeon (AMX) |"
+        in md
     )
-    assert "| 3000* | 300 | 2.000 |  |  | 2.30 |  |  | 0.80 |  |  |" in md  # no machine recorded
+    assert "| 3000* | 300 | 2.000 |  |  | 2.30 |  |  | 0.80 |  |  |  |" in md  # no machine recorded
     assert f"`*`: as recorded in {rec}" in md
     rec.write_text(json.dumps({"rows": []}))
     with pytest.raises(SystemExit) as e:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.data.features.cache_progress import cache_progress
+from dspark.data.features.cache_progress import cache_cost, cache_progress
 from dspark.data.features.summary_cache import (
     _write,
     shard_summary_key,
@@ -159,3 +159,26 @@ def test_the_head_pass_over_a_cache_by_hand(tmp_path):
     text = render_training(None, run_status(tmp_path / "none"), got)
     assert "| target head's pass | 4 shards | 6 shards | 30.0 s / shard | 0.02 h |" in text
     assert "| target head's pass" not in render_training(None, run_status(tmp_path / "none"))
+
+
+def test_what_a_complete_cache_took_by_hand(tmp_path, cache_copy):
+    """`cache_cost`: the cache's usual pace per row times its rows, plus its head's usual pace
+    per shard times its shards, each left out where its files give no pace."""
+    manifest = json.loads((cache_copy / "manifest.json").read_text())
+    shards, rows = manifest["shards"], manifest["settings"]["data_rows"]
+    root = tmp_path / "dspark_cache"
+    assert cache_cost(cache_copy, root)["head_pass_s"] is None  # no head summarized it
+    t = 1_000_000.0
+    for k, s in enumerate(shards):  # 3 s a row, shard 1 after a 1,000 s pause
+        a, b = s["rows"]
+        t += (1000.0 if k == 1 else 3.0 * (b - a)) if k else 0.0
+        os.utime(cache_copy / s["file"], (t, t))
+    row = {0: (torch.zeros(3), torch.zeros(3, dtype=torch.long))}
+    for k, s in enumerate(shards[:3]):  # the head's pass: 3 of the shards, 20 s apart
+        path = summary_path(shard_summary_key(s, "head"), root)
+        _write(path, shard_summary_key(s, "head"), row)
+        os.utime(path, (t + 20.0 * k, t + 20.0 * k))
+    got = cache_cost(cache_copy, root)
+    assert got == {"rows": rows, "shards": len(shards), "cache_s": pytest.approx(3.0 * rows),
+                   "head_pass_s": pytest.approx(20.0 * len(shards))}  # fmt: skip
+    assert cache_cost(tmp_path / "nothing", root) is None

@@ -12,6 +12,7 @@ from test_feature_cache import cached_batches, run_cfg
 
 from dspark import losses as L
 from dspark.data.collate import PadCollator
+from dspark.data.features.cache_progress import cache_cost
 from dspark.data.features.feature_dataset import (
     ROW_COLUMN,
     CachedFeatureDataset,
@@ -152,6 +153,10 @@ def test_a_reduced_run_on_a_cache_trains_on_summaries_as_on_full_logits(
     monkeypatch.setattr(build, "cache_summaries", counting)
     summarized = loop.run(run_cfg(tmp_path / "sums", data, *common))
     assert len(made) == 1 and all(len(s) > 0 for s in made[0])  # train and held-out rows
+    # what the cache and the head's pass over it took (figures by hand: test_run_status.py)
+    rows = json.loads((caches["fp32"] / "manifest.json").read_text())["settings"]["data_rows"]
+    assert summarized["feature_cache"] == cache_cost(caches["fp32"]) and rows > 0
+    assert summarized["feature_cache"]["rows"] == rows
     monkeypatch.setattr(build, "cache_summaries", lambda target, *splits: [None] * len(splits))
     full = loop.run(run_cfg(tmp_path / "full", data, *common))
 

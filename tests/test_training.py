@@ -25,6 +25,7 @@ def test_debug_run_learns_and_saves_a_loadable_draft(tmp_path, debug_data):
         "trainer.calibrate_max_new_tokens=12",
     )
     res = run(cfg)
+    assert res["feature_cache"] is None  # the target ran online: no cache to price
     got = losses(tmp_path)
     first, last = sum(got[s] for s in (1, 2, 3)) / 3, sum(got[s] for s in (18, 19, 20)) / 3
     assert last < first, got

@@ -24,6 +24,7 @@ from accelerate.utils import DataLoaderConfiguration, set_seed
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
+from dspark.data.features.cache_progress import cache_cost
 from dspark.errors import StoppedWithWorkLeft
 from dspark.locking import exclusive_output
 from dspark.machine import device_kind
@@ -361,6 +362,8 @@ def finish(r: Run) -> dict:
         "resumed_from": str(r.resumed_from or ""),
         "train_seconds": round(r.train_seconds, 3),  # a resumed run: its own steps only
         "train_seconds_total": round(r.progress.train_seconds, 3),  # every job of the run
+        # the target's passes that wrote the features and its head's pass over them (wall s)
+        "feature_cache": cache_cost(cfg.data.features) if cfg.data.features else None,
         "final_eval": final_eval,
         "last_train": r.history[-1] if r.history else {},
         "curve_metrics": list(r.objective.curve_metrics),

@@ -5,6 +5,8 @@ run beside `cache_features.py`): rows and shards done of the planned, and the pa
 shard as it finishes, so a killed or running cache says what is done. The pace is the time
 between consecutive finished shards per row (their files' modification times), the usual one
 (the median): a gap that spans a kill, a pause or a job's start says nothing of the pace.
+`cache_cost` prices a complete cache at those paces, with the target head's pass over it, so a
+run trained on it records what its features took (training's results.json, the data curve).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import statistics
 from pathlib import Path
 
 from dspark.data.features.feature_cache import MANIFEST, shard_name
+from dspark.data.features.summary_cache import summary_progress
 from dspark.data.outputs import read_json_object
 
 
@@ -56,4 +59,23 @@ def cache_progress(cache_dir: str | os.PathLike) -> dict | None:
         "complete": complete,
         "s_per_row": pace,
         "left_s": left,
+    }
+
+
+def cache_cost(cache_dir: str | os.PathLike, root: Path | None = None) -> dict | None:
+    """What a complete cache took to make, in wall seconds at its recorded paces: `cache_s`,
+    the target's passes writing it (`s_per_row` times its rows), and `head_pass_s`, a target
+    head's pass over it (`summary_progress`: per shard times its shards, None where no head
+    summarized it); each None where its files give no pace (one shard, or shards linked from
+    another cache). None without a manifest. `root`: the summaries' `$DSPARK_CACHE`."""
+    cache = cache_progress(cache_dir)
+    if cache is None:
+        return None
+    head = summary_progress(cache_dir, root) or {}
+    head_pace = head.get("s_per_shard") if head.get("shards_done") else None
+    return {
+        "rows": cache["rows"],
+        "shards": cache["shards_done"],
+        "cache_s": None if cache["s_per_row"] is None else cache["s_per_row"] * cache["rows"],
+        "head_pass_s": None if head_pace is None else head_pace * head["shards"],
     }
