@@ -6,7 +6,8 @@ run directory; one table, one PNG, and what the next doubling of data would buy.
     python eval/data_curve.py runs/curve --recorded docs/data_curve_points.json  # + earlier points
 
 Per point (RUN_ROOT/n<N>/): held-out `tau_greedy` (training's results.json), decoder tau per
-bench set (benchmark/results.json), the training's wall seconds, and the data's CPU-hours: the
+bench set (benchmark/results.json), the wall seconds of the training and of its feature cache
+(training's `feature_cache`), and the data's CPU-hours: the
 answering runs' (--build, its runs.jsonl) prorated to N rows, and the sampling of the
 target-written prompts those rows use (--mix, --prompt-set). The last doubling's gain in tau
 per set is the slope the report quotes. What limits a point: the draft's tau on its own
