@@ -157,6 +157,10 @@ def test_a_reduced_run_on_a_cache_trains_on_summaries_as_on_full_logits(
     rows = json.loads((caches["fp32"] / "manifest.json").read_text())["settings"]["data_rows"]
     assert summarized["feature_cache"] == cache_cost(caches["fp32"]) and rows > 0
     assert summarized["feature_cache"]["rows"] == rows
+    assert (
+        f"the feature cache ({rows:,} rows) written in"
+        in (tmp_path / "sums" / "report.md").read_text()
+    )
     monkeypatch.setattr(build, "cache_summaries", lambda target, *splits: [None] * len(splits))
     full = loop.run(run_cfg(tmp_path / "full", data, *common))
 

@@ -43,6 +43,7 @@ def test_debug_run_learns_and_saves_a_loadable_draft(tmp_path, debug_data):
     assert len(cal["temperatures"]) == cfg.draft.block_size
     assert (Path(res["draft"]) / "calibration_reliability.png").exists()
     assert "ECE" in (tmp_path / "report.md").read_text()
+    assert "feature cache" not in (tmp_path / "report.md").read_text()  # none: no such line
 
 
 def test_held_out_prompts_are_the_tokens_before_the_first_supervised_one():
@@ -124,3 +125,15 @@ def test_a_chunk_stopped_with_work_left_exits_75(tmp_path, debug_data, monkeypat
         cli._distill_job(debug_cfg(tmp_path, debug_data))
     assert exit_info.value.code == EXIT_UNFINISHED == 75
     assert "rerun the same command" in capsys.readouterr().err
+
+
+def test_the_report_gives_the_hours_of_training_and_of_its_feature_cache():
+    from dspark.training.report import _time_lines
+
+    cost = {"rows": 23999, "shards": 90, "cache_s": 7025.4, "head_pass_s": None}
+    got = _time_lines({"train_seconds": 60.0, "train_seconds_total": 7200.0, "feature_cache": cost})
+    assert got == ["", "Time (wall): training steps 2.00 h over every job of the run; the feature "
+                   "cache (23,999 rows) written in 1.95 h, the target head's pass over it not on "
+                   "record."]  # fmt: skip
+    assert _time_lines({"train_seconds": 5400.0, "feature_cache": None}) == [
+        "", "Time (wall): training steps 1.50 h over every job of the run."]  # fmt: skip

@@ -107,6 +107,24 @@ def _vocab_lines(vocab: dict | None) -> list[str]:
     ]
 
 
+def _time_lines(results: dict) -> list[str]:
+    """Wall hours of the training steps (every job of the run) and, on a feature cache, of the
+    target's passes that wrote it and its head's pass over it."""
+
+    def h(s: float | None) -> str:
+        return "not on record" if s is None else f"{s / 3600:.2f} h"
+
+    total = results.get("train_seconds_total", results.get("train_seconds"))
+    lines = ["", f"Time (wall): training steps {h(total)} over every job of the run"]
+    cost = results.get("feature_cache")
+    if cost:
+        lines[-1] += (f"; the feature cache ({cost['rows']:,} rows) written in "
+                      f"{h(cost.get('cache_s'))}, the target head's pass over it "
+                      f"{h(cost.get('head_pass_s'))}")  # fmt: skip
+    lines[-1] += "."
+    return lines
+
+
 def write_report(out: Path, results: dict, run_config: dict) -> None:
     (out / "results.json").write_text(dumps_strict(results, indent=2, default=str))
     c = results["conditions"]
@@ -140,6 +158,7 @@ def write_report(out: Path, results: dict, run_config: dict) -> None:
             f"{last.get('tokens_per_s', 0):.0f} tokens/s, peak memory "
             f"{last.get('peak_memory_mb', 0):.0f} MB.",
         ]
+    lines += _time_lines(results)
     lines += _calibration_lines(out, results.get("calibration"))
     png = _curves(out, results.get("curve_metrics", []))
     if png:
