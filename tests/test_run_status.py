@@ -57,6 +57,9 @@ def _run_dir(root: Path, step: int, total: int | None) -> Path:
     schedule = {} if total is None else {"schedule": {"total_steps": total}}
     (root / "run_config.json").write_text(json.dumps({"trainer": {}, **schedule}))
     rows = [_train_row(s, 2.0 * s) for s in range(5, step + 6, 5)]  # 2 s a step
+    # held-out evals at steps 10 and 20, logged as rows of their own (the newest is not last)
+    rows += [{"time": 41.0, "step": 20, "eval/tau_greedy": 1.75, "eval/loss": 2.0},
+             {"time": 21.0, "step": 10, "eval/tau_greedy": 1.5}]  # fmt: skip
     (root / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"ti')
     return root
 
@@ -66,12 +69,17 @@ def test_a_run_at_its_last_checkpoint_by_hand(tmp_path):
     assert (status["step"], status["total_steps"], status["finished"]) == (40, 100, False)
     assert status["s_per_step"] == pytest.approx(2.0)
     assert status["left_s"] == pytest.approx(60 * 2.0)  # from the checkpoint, not the log
+    assert status["held_out_tau_greedy"] == {"step": 20, "value": 1.75}
+    text = render_training(None, status)
+    assert "Held-out tau_greedy: 1.750 at step 20 (the run's newest held-out evaluation)." in text
     (tmp_path / "run" / "results.json").write_text("{}")
     done = run_status(tmp_path / "run")
     assert (done["step"], done["finished"], done["left_s"]) == (100, True, 0.0)
     assert run_status(tmp_path / "none") == {
         "run": str(tmp_path / "none"), "started": False, "finished": False, "step": 0,
-        "total_steps": None, "s_per_step": None, "left_s": None}  # fmt: skip
+        "total_steps": None, "s_per_step": None, "left_s": None,
+        "held_out_tau_greedy": None}  # fmt: skip
+    assert "Held-out" not in render_training(None, run_status(tmp_path / "none"))
 
 
 @pytest.fixture

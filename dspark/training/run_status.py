@@ -36,17 +36,28 @@ def step_pace(rows: list[dict]) -> float | None:
     return sum(dt for dt, _ in kept) / sum(ds for _, ds in kept)
 
 
+def last_held_out(rows: list[dict], metric: str = "eval/tau_greedy") -> dict | None:
+    """`{"step", "value"}` of the newest logged held-out `metric` (a periodic or the final
+    eval); None before the first."""
+    evals = [(r["step"], r[metric]) for r in rows if r.get(metric) is not None and "step" in r]
+    if not evals:
+        return None
+    step, value = max(evals, key=lambda e: e[0])
+    return {"step": step, "value": value}
+
+
 def run_status(output_dir: str | os.PathLike) -> dict:
     """The run in `output_dir` (`trainer.output_dir`): `started`, `finished` (its results.json),
     `step` (the last finished checkpoint's, 0 before one), `total_steps`, `s_per_step` and
-    `left_s` (None where unknown)."""
+    `left_s` (None where unknown), and `held_out_tau_greedy` (`last_held_out`)."""
     out = Path(output_dir)
     config = read_json_object(out / RUN_CONFIG) or {}
     total = (config.get("schedule") or {}).get("total_steps")
     checkpoint = latest_checkpoint(out)
     step = int(checkpoint.name.removeprefix("step_")) if checkpoint else 0
     finished = (out / "results.json").is_file()
-    pace = step_pace(read_json_rows(out / METRICS))
+    rows = read_json_rows(out / METRICS)
+    pace = step_pace(rows)
     left = 0.0 if finished else None
     if not finished and total is not None and pace is not None:
         left = max(0, total - step) * pace
@@ -58,6 +69,7 @@ def run_status(output_dir: str | os.PathLike) -> dict:
         "total_steps": total,
         "s_per_step": pace,
         "left_s": left,
+        "held_out_tau_greedy": last_held_out(rows),
     }
 
 
@@ -91,6 +103,10 @@ def render_training(cache: dict | None, run: dict, head: dict | None = None) -> 
     lines.append(f"| training | {state} | {total} | {pace} | {_hours(run['left_s'])} |")
     parts = [run["left_s"], head_left, 0.0 if run["finished"] else cache and cache["left_s"]]
     known = None if any(p is None for p in parts) else sum(p for p in parts if p)
+    held = run.get("held_out_tau_greedy")
+    if held:
+        lines += ["", f"Held-out tau_greedy: {held['value']:.3f} at step {held['step']:,} (the "
+                  "run's newest held-out evaluation)."]  # fmt: skip
     lines += ["", f"Time left for these stages at these paces: {_hours(known)} (a job's start, "
               "which loads the target, not counted)."]  # fmt: skip
     return "\n".join(lines) + "\n"
