@@ -267,13 +267,15 @@ $(SEEN_DIR)/seen/results.json $(SEEN_DIR)/unseen/results.json: $(SEEN_DIR)/%/res
 
 # The larger SmolLM2 draft: the curve's largest point (LARGE_ROWS answered conversations, the
 # same recipe and epochs; resumable as above), benchmarked as `make smollm2` is on five sets,
-# one command per set (~15-20 min each on 2 cores); a set already benchmarked is kept.
+# one command per set (~15-20 min each on 2 cores; a set already benchmarked is kept), then one
+# table of the five (LARGE_BENCH/summary.md).
 LARGE_ROWS ?= 24000
 LARGE_BENCH := runs/smollm2-large/n$(LARGE_ROWS)
 smollm2-large: setup
 	$(MAKE) --no-print-directory smollm2-point N=$(LARGE_ROWS) CURVE_PROMPTS=$(CURVE_PROMPTS)
 	$(MAKE) --no-print-directory LARGE_ROWS=$(LARGE_ROWS) \
 		$(foreach s,$(subst $(comma),$(space),$(CURVE_SETS:[%]=%)),$(LARGE_BENCH)/$(s)/results.json)
+	$(PY) eval/sets_summary.py $(LARGE_BENCH)
 $(LARGE_BENCH)/%/results.json:
 	$(PY) eval/benchmark.py draft=$(CURVE)/n$(LARGE_ROWS)/draft datasets=[$*] \
 		num_prompts=$(SM_BENCH_PROMPTS) dtype=$(QS_BENCH_DTYPE) \
