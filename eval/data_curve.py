@@ -32,9 +32,11 @@ from pathlib import Path
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
 from dspark.data.build_status import runs_cpu_s
+from dspark.data.outputs import read_json_rows
 from dspark.data.prompts.seen_unseen import SETS as SEEN_UNSEEN
 from dspark.errors import BadInputError, user_errors
 from dspark.fileio import dumps_strict, write_text_atomic
+from dspark.training.run_status import step_pace
 
 # tau on the training rows minus held-out tau below which a point counts as capacity-limited
 FIT_GAP = 0.05
@@ -42,11 +44,7 @@ FIT_GAP = 0.05
 
 def last_epoch_train_tau(run: Path) -> float | None:
     """Blocks-weighted mean of the logged train/tau_greedy over the run's last epoch."""
-    log = run / "metrics.jsonl"
-    if not log.is_file():
-        return None
-    rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if "train/tau_greedy" in r]
+    rows = [r for r in read_json_rows(run / "metrics.jsonl") if "train/tau_greedy" in r]
     if not rows:
         return None
     last = max(r.get("epoch", 0) for r in rows)
@@ -75,6 +73,14 @@ def seen_unseen_tau(run: Path) -> dict | None:
     return {name: bench_taus(json.loads(p.read_text())).get(name) for name, p in paths.items()}
 
 
+def stepping_s(run: Path, steps: int | None) -> float | None:
+    """Seconds of a run's training steps at their logged pace (`step_pace`: the gaps of a
+    pause, a kill or a job's start left out), so a point trained in chunks beside other work
+    counts its steps alone; None where the log gives no pace."""
+    pace = step_pace(read_json_rows(run / "metrics.jsonl"))
+    return None if pace is None or not steps else pace * steps
+
+
 def features_s(cost: dict | None) -> float | None:
     """Wall seconds of a run's feature cache (training's `feature_cache`): the target's passes
     writing it plus its head's pass over it; None where the cache's pace is not on record."""
@@ -88,7 +94,8 @@ def read_point(run: Path) -> dict:
     res = json.loads((run / "results.json").read_text())
     point = {"n": n, "steps": res.get("steps"),
              "held_out_tau_greedy": res["final_eval"].get("eval/tau_greedy"),
-             "train_s": res.get("train_seconds_total", res.get("train_seconds")),
+             "train_s": stepping_s(run, res.get("steps")),
+             "train_wall_s": res.get("train_seconds_total", res.get("train_seconds")),
              "features_s": features_s(res.get("feature_cache")),
              "train_tau_greedy": last_epoch_train_tau(run),
              "machine": (res.get("conditions") or {}).get("device_name"),
@@ -185,7 +192,7 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
     lines = ["# tau against data", "", head, "|" + "---|" * len(columns)]
     for p in points:
         taus = " | ".join([f(p["tau"].get(s), ".2f") for s in sets] + [seen(p)])
-        tr, fs = p.get("train_s"), p.get("features_s")
+        tr, fs = p.get("train_s") or p.get("train_wall_s"), p.get("features_s")
         mark = "*" if p.get("recorded") else ""
         lines.append(f"| {p['n']}{mark} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
                      f"{f(p.get('train_tau_greedy'), '.3f')} | {p.get('limit') or ''} | {taus} | "
@@ -200,7 +207,9 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
         "prompts of the same mix it never saw (`make smollm2-seen-unseen`): their gap, free of "
         "the held-out set's other kind of prompt, is what more rows of the mix can close.",
         "features h: the target's passes writing the point's feature cache and its head's pass "
-        "over it; train h: the training steps (wall hours on the point's machine, both)."]  # fmt: skip
+        "over it; train h: the training steps at their logged pace, pauses and job starts left "
+        "out (the run's wall time where its log gives none); wall hours on the point's "
+        "machine, both."]  # fmt: skip
     lines += [f"`*`: as recorded in {src} (another build's rows; a doubling across builds "
               "also holds the difference between their draws)."
               for src in sorted({p["recorded"] for p in points if p.get("recorded")})]  # fmt: skip

@@ -189,3 +189,22 @@ def test_the_table_has_one_column_a_heading_with_or_without_bench_sets(tmp_path)
     table = [x for x in (tmp_path / "two" / "report" / "curve.md").read_text().splitlines()
              if x[:1] == "|"]  # fmt: skip
     assert len({x.count("|") for x in table}) == 1, table
+
+
+def test_train_hours_count_the_steps_alone(tmp_path):
+    """A point trained in chunks, paused beside other work: its train hours are its steps at
+    their logged pace, not the run's wall time (which the JSON keeps)."""
+    _point(tmp_path, 1500, 1.8, {"gsm8k": 2.0}, 9000.0)  # wall: 2.5 h over every job
+    # 150 steps logged every 10 at 20 s a step, a 3,000 s pause after step 50; a torn last line
+    rows, t = [], 0.0
+    for step in range(10, 151, 10):
+        t += 200.0 + (3000.0 if step == 60 else 0.0)
+        rows.append({"step": step, "time": t, "train/loss": 1.0, "epoch": 1,
+                     "train/tau_greedy": 2.0, "train/blocks": 1})  # fmt: skip
+    (tmp_path / "n1500" / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"st'
+    )
+    data_curve.main([str(tmp_path)])
+    [point] = json.loads((tmp_path / "report" / "curve.json").read_text())["points"]
+    assert point["train_s"] == pytest.approx(150 * 20.0) and point["train_wall_s"] == 9000.0
+    assert "| 0.83 | " in (tmp_path / "report" / "curve.md").read_text()  # 3,000 s
