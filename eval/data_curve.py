@@ -42,9 +42,10 @@ from dspark.training.run_status import step_pace
 FIT_GAP = 0.05
 
 
-def last_epoch_train_tau(run: Path) -> float | None:
-    """Blocks-weighted mean of the logged train/tau_greedy over the run's last epoch."""
-    rows = [r for r in read_json_rows(run / "metrics.jsonl") if "train/tau_greedy" in r]
+def last_epoch_train_tau(log: list[dict]) -> float | None:
+    """Blocks-weighted mean of the logged train/tau_greedy (`log`: metrics.jsonl's rows) over
+    the run's last epoch."""
+    rows = [r for r in log if "train/tau_greedy" in r]
     if not rows:
         return None
     last = max(r.get("epoch", 0) for r in rows)
@@ -73,11 +74,11 @@ def seen_unseen_tau(run: Path) -> dict | None:
     return {name: bench_taus(json.loads(p.read_text())).get(name) for name, p in paths.items()}
 
 
-def stepping_s(run: Path, steps: int | None) -> float | None:
-    """Seconds of a run's training steps at their logged pace (`step_pace`: the gaps of a
-    pause, a kill or a job's start left out), so a point trained in chunks beside other work
-    counts its steps alone; None where the log gives no pace."""
-    pace = step_pace(read_json_rows(run / "metrics.jsonl"))
+def stepping_s(log: list[dict], steps: int | None) -> float | None:
+    """Seconds of a run's training steps at their logged pace (`log`: metrics.jsonl's rows;
+    `step_pace`: the gaps of a pause, a kill or a job's start left out), so a point trained in
+    chunks beside other work counts its steps alone; None where the log gives no pace."""
+    pace = step_pace(log)
     return None if pace is None or not steps else pace * steps
 
 
@@ -92,12 +93,14 @@ def features_s(cost: dict | None) -> float | None:
 def read_point(run: Path) -> dict:
     n = int(re.fullmatch(r"n(\d+)", run.name).group(1))  # type: ignore[union-attr]
     res = json.loads((run / "results.json").read_text())
+    log = read_json_rows(run / "metrics.jsonl")
+    wall = res.get("train_seconds_total", res.get("train_seconds"))
     point = {"n": n, "steps": res.get("steps"),
              "held_out_tau_greedy": res["final_eval"].get("eval/tau_greedy"),
-             "train_s": stepping_s(run, res.get("steps")),
-             "train_wall_s": res.get("train_seconds_total", res.get("train_seconds")),
+             "train_s": stepping_s(log, res.get("steps")) or wall,
+             "train_wall_s": wall,
              "features_s": features_s(res.get("feature_cache")),
-             "train_tau_greedy": last_epoch_train_tau(run),
+             "train_tau_greedy": last_epoch_train_tau(log),
              "machine": (res.get("conditions") or {}).get("device_name"),
              "seen_unseen_tau": seen_unseen_tau(run)}  # fmt: skip
     point["limit"] = limit_of(point)
@@ -192,7 +195,7 @@ def render(points: list[dict], sets: list[str], gains: dict) -> str:
     lines = ["# tau against data", "", head, "|" + "---|" * len(columns)]
     for p in points:
         taus = " | ".join([f(p["tau"].get(s), ".2f") for s in sets] + [seen(p)])
-        tr, fs = p.get("train_s") or p.get("train_wall_s"), p.get("features_s")
+        tr, fs = p.get("train_s"), p.get("features_s")
         mark = "*" if p.get("recorded") else ""
         lines.append(f"| {p['n']}{mark} | {p['steps']} | {f(p.get('held_out_tau_greedy'), '.3f')} | "
                      f"{f(p.get('train_tau_greedy'), '.3f')} | {p.get('limit') or ''} | {taus} | "

@@ -125,7 +125,7 @@ def test_a_draft_no_better_on_its_training_rows_is_capacity_limited(tmp_path):
     (run / "metrics.jsonl").write_text(
         json.dumps({"epoch": 4, "train/tau_greedy": 1.83, "train/blocks": 5}) + "\n"
     )
-    train = data_curve.last_epoch_train_tau(run)
+    train = data_curve.last_epoch_train_tau(data_curve.read_json_rows(run / "metrics.jsonl"))
     assert train == pytest.approx(1.83)
     assert (
         data_curve.limit_of({"train_tau_greedy": train, "held_out_tau_greedy": 1.80}) == "capacity"
