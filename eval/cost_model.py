@@ -3,8 +3,13 @@ draft needs to pay off (break-even) and the verify length that pays best.
 
     python eval/cost_model.py [--target embedded] [--threads 2] [--dtype float32]
         [--layers 1 2 3 5] [--block-size 7] [--markov-rank 64] [--accept 0.7 0.6 ...]
-        [--accept-from runs/quickstart/draft] [--exact-rows auto|on|off]
-        [--out runs/cost_model]
+        [--exact-rows auto|on|off] [--out runs/cost_model]
+    python eval/cost_model.py --accept-from runs/quickstart/draft [--threads 2] ...
+
+Without a draft it times random drafts of the shapes given (or `measure_costs`' defaults in
+dspark/bench/cost_model.py). `--accept-from DRAFT` times that trained draft itself (its layers, block
+size, rank and vocabulary) and takes its acceptance per position from its training run, so the
+break-even tau and the best verify length are that draft's.
 
 Writes cost_model.json, cost_model.md and cost_model.png (time per pass vs tokens verified).
 """
@@ -16,9 +21,24 @@ from pathlib import Path
 import torch
 
 import dspark._entry  # noqa: F401  (offline, quiet: set before transformers loads)
-from dspark.bench.cost_model import best_verify_length, break_even_tau, measure_costs
-from dspark.errors import user_errors
+from dspark.bench.cost_model import (
+    best_verify_length,
+    break_even_tau,
+    measure_costs,
+    measure_draft_costs,
+)
+from dspark.errors import BadInputError, user_errors
+from dspark.eval.auto_settings import draft_acceptance
+from dspark.export import load_draft
 from dspark.target import load_target
+
+
+def run_acceptance(draft_dir: str, block_size: int) -> list[float]:
+    """P(draft k accepted | drafts < k accepted), k = 1..block_size, from the draft's run."""
+    got = draft_acceptance(draft_dir, 0.0, block_size)
+    if got["accept"] is None:
+        raise BadInputError(f"--accept-from: {got['source']}; pass --accept P1 P2 ... instead")
+    return got["accept"]
 
 
 def main() -> None:
@@ -28,9 +48,10 @@ def main() -> None:
     ap.add_argument("--target", default="embedded")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 3, 5])
-    ap.add_argument("--block-size", type=int, default=7)
-    ap.add_argument("--markov-rank", type=int, default=64)
+    # random drafts' shapes (None: measure_costs' defaults); a trained draft brings its own
+    ap.add_argument("--layers", type=int, nargs="+", default=None)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--markov-rank", type=int, default=None)
     ap.add_argument("--context-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument(
@@ -44,8 +65,8 @@ def main() -> None:
         "--accept-from",
         default=None,
         metavar="DRAFT_DIR",
-        help="take --accept from a trained draft's held-out eval (greedy_accept@k of the "
-        "results.json beside it)",
+        help="time this trained draft (its own shape) and take --accept from its held-out "
+        "eval (greedy_accept@k of the results.json beside it)",
     )
     ap.add_argument(
         "--exact-rows",
@@ -56,25 +77,35 @@ def main() -> None:
     )
     ap.add_argument("--out", default="runs/cost_model")
     args = ap.parse_args()
+    shape = {
+        "draft_layers": args.layers,
+        "block_size": args.block_size,
+        "markov_rank": args.markov_rank,
+    }
+    given = {k: v for k, v in shape.items() if v is not None}
+    draft = None
     if args.accept_from:
-        from dspark.errors import BadInputError
-        from dspark.eval.auto_settings import draft_acceptance
-
-        got = draft_acceptance(args.accept_from, 0.0, args.block_size)
-        if got["accept"] is None:
-            raise BadInputError(f"--accept-from: {got['source']}; pass --accept P1 P2 ... instead")
-        args.accept = got["accept"]
+        if given:
+            raise BadInputError(
+                "--layers / --block-size / --markov-rank shape random drafts; with --accept-from "
+                "the draft's own shape is timed: drop them (or drop --accept-from)"
+            )
+        run_acceptance(args.accept_from, 1)  # a draft without its run fails before it loads
+        draft = load_draft(args.accept_from)
+        args.accept = run_acceptance(args.accept_from, int(draft.config.block_size))
     torch.set_num_threads(args.threads)
     target, _ = load_target(args.target, dtype=args.dtype)
-    c = measure_costs(
-        target,
-        draft_layers=args.layers,
-        block_size=args.block_size,
-        markov_rank=args.markov_rank,
-        context_len=args.context_len,
-        repeats=args.repeats,
-        exact_rows={"auto": None, "on": True, "off": False}[args.exact_rows],
-    )
+    timing = {
+        "context_len": args.context_len,
+        "repeats": args.repeats,
+        "exact_rows": {"auto": None, "on": True, "off": False}[args.exact_rows],
+    }
+    if draft is not None:
+        draft.to(next(target.parameters()).dtype)
+        c = measure_draft_costs(target, draft, **timing)
+        c["conditions"]["draft"] = args.accept_from
+    else:
+        c = measure_costs(target, **given, **timing)
     c["conditions"]["target"] = args.target
     t_ar = c["t_ar"]
     lines = [
@@ -93,7 +124,7 @@ def main() -> None:
         "| draft layers | draft round ms | break-even tau (verify all drafts) |",
         "|---|---|---|",
     ]
-    g = args.block_size
+    g = c["conditions"]["block_size"]
     c["break_even_tau"] = {}
     for n_layers, t in c["t_draft"].items():
         be = break_even_tau(t_ar, t, c["t_verify"][g + 1])

@@ -29,7 +29,14 @@ from dspark.decoding.round_cost import RoundBench
 from dspark.dtype_choice import break_even_tau, expected_tokens
 from dspark.modeling import DSparkDraftModel
 
-__all__ = ["best_verify_length", "break_even_tau", "expected_tokens", "measure_costs", "speedup"]
+__all__ = [
+    "best_verify_length",
+    "break_even_tau",
+    "expected_tokens",
+    "measure_costs",
+    "measure_draft_costs",
+    "speedup",
+]
 
 
 def measure_costs(
@@ -56,6 +63,18 @@ def measure_costs(
         torch.manual_seed(0)
         drafts[n_layers] = DSparkDraftModel.from_target(target, cfg).eval()
     return _measure(target, drafts, block_size, context_len, repeats, markov_rank, exact_rows)
+
+
+def measure_draft_costs(
+    target, draft, *, context_len: int = 256, repeats: int = 15, exact_rows: bool | None = None
+) -> dict:
+    """`measure_costs` for one trained draft: its own weights and shape (layers, block size,
+    Markov rank, reduced vocabulary), so the break-even tau and best L are that draft's."""
+    cfg = draft.config
+    drafts = {int(cfg.num_hidden_layers): draft.eval()}
+    return _measure(
+        target, drafts, cfg.block_size, context_len, repeats, cfg.markov_rank, exact_rows
+    )
 
 
 def _measure(
