@@ -30,6 +30,10 @@ def test_quant_names_and_commands(tmp_path):
         parse_quants("q4_k")
     cmd = quantize_command(Path("/b/llama-quantize"), Path("a.gguf"), Path("b.gguf"), "q4_k_m", 2)
     assert cmd == ["/b/llama-quantize", "a.gguf", "b.gguf", "Q4_K_M", "2"]
+    cmd = quantize_command(
+        Path("/b/llama-quantize"), Path("a.gguf"), Path("b.gguf"), "q4_0_pure", 2
+    )
+    assert cmd == ["/b/llama-quantize", "--pure", "a.gguf", "b.gguf", "Q4_0", "2"]
     with pytest.raises(MissingPathError, match="make llama-server"):
         make_quants(tmp_path, tmp_path / "o", ["q4_0"], tree=REFERENCE, quantize_bin=None)
 
@@ -90,3 +94,21 @@ def test_a_quantized_target_end_to_end(f16_target, tiny_target):
     ids = torch.arange(24).unsqueeze(0)
     got, want = _logits(model, ids), _logits(ref, ids)
     assert 0 < (got - want).abs().max() < 0.1 * want.abs().max()  # quantized, still the model
+
+
+@pytest.mark.skipif(not QUANTIZE.is_file(), reason=f"llama-quantize not built ({QUANTIZE})")
+def test_a_pure_quant_holds_one_type(f16_target):
+    """`q4_0_pure`: every quantized weight Q4_0, the tied output head too (a plain Q4_0 keeps
+    it in a higher type: the file's mix tells them apart)."""
+    from dspark.engines.llama_server import gguf_weight_types
+
+    out = f16_target.parent
+    made = make_quants(out.parent, out, ["q4_0", "q4_0_pure"], tree=REFERENCE,
+                       quantize_bin=QUANTIZE, name="tiny", convert=_tiny_convert)  # fmt: skip
+    assert made["q4_0_pure"].name == "tiny.q4_0_pure.gguf"
+
+    def quantized(path):  # the norms stay F32 in every quant
+        return set(gguf_weight_types(str(path)) or {}) - {"F32"}
+
+    assert quantized(made["q4_0_pure"]) == {"Q4_0"}
+    assert quantized(made["q4_0"]) not in ({"Q4_0"}, set())

@@ -23,7 +23,12 @@ from dspark.locking import exclusive_output
 
 # the names users and llama-quantize give them; F16 is the converter's own output
 QUANTS = {"f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k_m": "Q4_K_M",
-          "q5_k_m": "Q5_K_M", "q6_k": "Q6_K"}  # fmt: skip
+          "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q4_0_pure": "Q4_0"}  # fmt: skip
+# `llama-quantize --pure`: every weight in the one type, the output head (the token embedding
+# of a tied model) too. A plain Q4_0 keeps that head in Q8_0 (or Q6_K), which llama.cpp's x86
+# CPU backend never repacks, so each verified row of a round reads all of it again; a pure
+# Q4_0 target is repacked whole.
+PURE = {"q4_0_pure"}
 
 
 def parse_quants(text: str) -> list[str]:
@@ -42,8 +47,9 @@ def convert_command(tree: Path, model_dir: Path, out_file: Path) -> list[str]:
 
 
 def quantize_command(quantize_bin: Path, src: Path, dst: Path, quant: str, threads: int) -> list:
-    """`llama-quantize SRC DST TYPE THREADS`."""
-    return [str(quantize_bin), str(src), str(dst), QUANTS[quant], str(threads)]
+    """`llama-quantize [--pure] SRC DST TYPE THREADS`."""
+    pure = ["--pure"] if quant in PURE else []
+    return [str(quantize_bin), *pure, str(src), str(dst), QUANTS[quant], str(threads)]
 
 
 def converter_env(tree: Path) -> dict:
