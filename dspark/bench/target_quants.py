@@ -26,8 +26,8 @@ QUANTS = {"f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k_m"
           "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q4_0_pure": "Q4_0"}  # fmt: skip
 # `llama-quantize --pure`: every weight in the one type, the output head (the token embedding
 # of a tied model) too. A plain Q4_0 keeps that head in Q8_0 (or Q6_K), which llama.cpp's x86
-# CPU backend never repacks, so each verified row of a round reads all of it again; a pure
-# Q4_0 target is repacked whole.
+# CPU backend does not repack into its multi-row kernels; a pure Q4_0 target is repacked whole
+# (at the price of a 4-bit head: the agreement column of the quant table shows what it changes).
 PURE = {"q4_0_pure"}
 
 
