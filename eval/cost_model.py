@@ -7,9 +7,9 @@ draft needs to pay off (break-even) and the verify length that pays best.
     python eval/cost_model.py --accept-from runs/quickstart/draft [--threads 2] ...
 
 Without a draft it times random drafts of the shapes given (or `measure_costs`' defaults in
-dspark/bench/cost_model.py). `--accept-from DRAFT` times that trained draft itself (its layers, block
-size, rank and vocabulary) and takes its acceptance per position from its training run, so the
-break-even tau and the best verify length are that draft's.
+dspark/bench/cost_model.py). `--accept-from DRAFT` times that trained draft itself (its layers,
+block size, rank and vocabulary) and takes its acceptance per position from its training run,
+so the break-even tau and the best verify length are that draft's.
 
 Writes cost_model.json, cost_model.md and cost_model.png (time per pass vs tokens verified).
 """
@@ -77,12 +77,9 @@ def main() -> None:
     )
     ap.add_argument("--out", default="runs/cost_model")
     args = ap.parse_args()
-    shape = {
-        "draft_layers": args.layers,
-        "block_size": args.block_size,
-        "markov_rank": args.markov_rank,
-    }
-    given = {k: v for k, v in shape.items() if v is not None}
+    shape = (("draft_layers", args.layers), ("block_size", args.block_size),
+             ("markov_rank", args.markov_rank))  # fmt: skip
+    given = {k: v for k, v in shape if v is not None}
     draft = None
     if args.accept_from:
         if given:
