@@ -62,9 +62,10 @@ def parse(argv=None):
     ap.add_argument(
         "--target-quant",
         default=None,
-        help="e.g. q4_0,q4_k_m,q4_1,q8_0,q4_0_pure: one run per GGUF of --target in that quant "
-        "(made with llama.cpp's converter and llama-quantize; the embedded target's q4_1 is its "
-        "shipped file), each in OUTPUT/<quant>/, and one table, OUTPUT/quants.md",
+        help="e.g. q4_0,q4_k_m,q4_1,q8_0,q4_0_pure,iq4_nl_pure: one run per GGUF of --target "
+        "in that quant (made with llama.cpp's converter and llama-quantize; the embedded "
+        "target's q4_1 is its shipped file), each in OUTPUT/<quant>/, and one table, "
+        "OUTPUT/quants.md",
     )
     ap.add_argument("--quantize-bin", default=None, help="llama-quantize (default: beside "
                     "--server-bin, else the native build)")  # fmt: skip

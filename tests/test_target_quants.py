@@ -34,6 +34,10 @@ def test_quant_names_and_commands(tmp_path):
         Path("/b/llama-quantize"), Path("a.gguf"), Path("b.gguf"), "q4_0_pure", 2
     )
     assert cmd == ["/b/llama-quantize", "--pure", "a.gguf", "b.gguf", "Q4_0", "2"]
+    cmd = quantize_command(Path("q"), Path("a.gguf"), Path("b.gguf"), "iq4_nl_pure", 2)
+    assert cmd == ["q", "--pure", "a.gguf", "b.gguf", "IQ4_NL", "2"]
+    assert quantize_command(Path("q"), Path("a"), Path("b"), "iq4_nl", 2)[1:] == [
+        "a", "b", "IQ4_NL", "2"]  # fmt: skip
     with pytest.raises(MissingPathError, match="make llama-server"):
         make_quants(tmp_path, tmp_path / "o", ["q4_0"], tree=REFERENCE, quantize_bin=None)
 
@@ -97,18 +101,19 @@ def test_a_quantized_target_end_to_end(f16_target, tiny_target):
 
 
 @pytest.mark.skipif(not QUANTIZE.is_file(), reason=f"llama-quantize not built ({QUANTIZE})")
-def test_a_pure_quant_holds_one_type(f16_target):
-    """`q4_0_pure`: every quantized weight Q4_0, the tied output head too (a plain Q4_0 keeps
-    it in a higher type: the file's mix tells them apart)."""
+@pytest.mark.parametrize("quant, gguf_type", [("q4_0", "Q4_0"), ("iq4_nl", "IQ4_NL")])
+def test_a_pure_quant_holds_one_type(f16_target, quant, gguf_type):
+    """`<quant>_pure`: every quantized weight in the one type, the tied output head too (the
+    plain quant keeps it in a higher type: the file's mix tells them apart)."""
     from dspark.engines.llama_server import gguf_weight_types
 
     out = f16_target.parent
-    made = make_quants(out.parent, out, ["q4_0", "q4_0_pure"], tree=REFERENCE,
+    made = make_quants(out.parent, out, [quant, f"{quant}_pure"], tree=REFERENCE,
                        quantize_bin=QUANTIZE, name="tiny", convert=_tiny_convert)  # fmt: skip
-    assert made["q4_0_pure"].name == "tiny.q4_0_pure.gguf"
+    assert made[f"{quant}_pure"].name == f"tiny.{quant}_pure.gguf"
 
     def quantized(path):  # the norms stay F32 in every quant
         return set(gguf_weight_types(str(path)) or {}) - {"F32"}
 
-    assert quantized(made["q4_0_pure"]) == {"Q4_0"}
-    assert quantized(made["q4_0"]) not in ({"Q4_0"}, set())
+    assert quantized(made[f"{quant}_pure"]) == {gguf_type}
+    assert gguf_type in quantized(made[quant]) and quantized(made[quant]) != {gguf_type}

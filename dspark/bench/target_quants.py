@@ -23,12 +23,16 @@ from dspark.locking import exclusive_output
 
 # the names users and llama-quantize give them; F16 is the converter's own output
 QUANTS = {"f16": "F16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q4_k_m": "Q4_K_M",
-          "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "q4_0_pure": "Q4_0"}  # fmt: skip
+          "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "iq4_nl": "IQ4_NL",
+          "q4_0_pure": "Q4_0", "iq4_nl_pure": "IQ4_NL"}  # fmt: skip
 # `llama-quantize --pure`: every weight in the one type, the output head (the token embedding
 # of a tied model) too. A plain Q4_0 keeps that head in Q8_0 (or Q6_K), which llama.cpp's x86
 # CPU backend does not repack into its multi-row kernels; a pure Q4_0 target is repacked whole
 # (at the price of a 4-bit head: the agreement column of the quant table shows what it changes).
-PURE = {"q4_0_pure"}
+# IQ4_NL (4.5 bits, a non-linear grid over blocks of 32) is the other 4-bit type that backend
+# repacks on AVX2 and needs no importance matrix; a model whose rows are not multiples of 256
+# (SmolLM2's 576) cannot hold Q4_K, so its Q4_K_M falls back to types that are not repacked.
+PURE = {q for q in QUANTS if q.endswith("_pure")}
 
 
 def parse_quants(text: str) -> list[str]:
