@@ -30,6 +30,7 @@ from dspark.bench.cost_model import (
 from dspark.errors import BadInputError, user_errors
 from dspark.eval.auto_settings import draft_acceptance
 from dspark.export import load_draft
+from dspark.plotting import plt
 from dspark.target import load_target
 
 
@@ -141,11 +142,6 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "cost_model.json").write_text(json.dumps(c, indent=2) + "\n")
     (out / "cost_model.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = list(c["t_verify"])
     ax.plot(ns, [c["t_verify"][n] / t_ar for n in ns], "o-", label="target pass (x AR step)")

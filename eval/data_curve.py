@@ -36,6 +36,7 @@ from dspark.data.outputs import read_json_rows
 from dspark.data.prompts.seen_unseen import SETS as SEEN_UNSEEN
 from dspark.errors import BadInputError, user_errors
 from dspark.fileio import dumps_strict, write_text_atomic
+from dspark.plotting import plt
 from dspark.training.run_status import step_pace
 
 # tau on the training rows minus held-out tau below which a point counts as capacity-limited
@@ -253,11 +254,6 @@ def main(argv=None) -> None:
         write_text_atomic(out / "curve.json", dumps_strict(
             {"points": points, "doubling_gain": gains}, indent=2) + "\n")  # fmt: skip
         report = write_text_atomic(out / "curve.md", render(points, sets, gains))
-        import matplotlib  # optional: matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # optional: matplotlib
-
         fig, ax = plt.subplots(figsize=(6, 4))
         ns = [p["n"] for p in points]
         ax.plot(ns, [p.get("held_out_tau_greedy") for p in points], "k-o", label="held-out")

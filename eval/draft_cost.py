@@ -29,6 +29,7 @@ from dspark.export.gguf import OUTTYPES, write_gguf
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.locking import exclusive_output
 from dspark.machine import cpu_name
+from dspark.plotting import plt
 from dspark.target import load_tokenizer
 
 
@@ -60,11 +61,6 @@ def parse(argv=None) -> argparse.Namespace:
 
 def plot(rows: list[dict], path: Path) -> Path:
     """A round at n_max 1 per export: the plain step, the draft's work, the verify work."""
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     fig, ax = plt.subplots(figsize=(6, 3.5))
     names = [r["export"] for r in rows]
     step = [r["plain_step_ms"] for r in rows]

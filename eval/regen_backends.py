@@ -38,6 +38,7 @@ from dspark.data.regeneration.llama_cpp_backend import (
 from dspark.data.regeneration.sampling import SamplingConfig
 from dspark.engines.llama_server import EngineSettings, target_gguf_of
 from dspark.machine import cpu_flags, cpu_name
+from dspark.plotting import plt
 from dspark.target import load_target, load_tokenizer
 
 
@@ -157,11 +158,6 @@ def main() -> None:
             f"{g['common_prefix_share']:.3f} |\n"
         )
     (out / "regen_backends.md").write_text(md)
-    import matplotlib  # optional: matplotlib (the plot only)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.barh([r["arm"] for r in results], [r["tokens_per_s"] for r in results])
     ax.set_xlabel("generated tokens / s (greedy)")

@@ -35,6 +35,7 @@ def main(argv=None) -> None:
         from dspark.fileio import dumps_strict, write_text_atomic
         from dspark.machine import cpu_name
         from dspark.paths import cache_root
+        from dspark.plotting import plt
         from dspark.target import resolve_target
 
         quants = parse_quants(a.target_quant)
@@ -68,11 +69,6 @@ def main(argv=None) -> None:
                 f"| {q} | {c[1]:.2f} | " + " | ".join(f"{rel[n]:.2f}" for n in ns[1:]) + " |"
             )
         report = write_text_atomic(out / "curve.md", "\n".join(lines) + "\n")
-        import matplotlib  # optional: matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # optional: matplotlib
-
         fig, ax = plt.subplots(figsize=(6, 4))
         for q, c in curves.items():
             ax.plot(list(c), list(relative(c).values()), marker="o", label=q)

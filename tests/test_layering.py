@@ -1,9 +1,10 @@
 """Layering of the `dspark` package: a lower part never imports a higher one.
 
 Every import counts, the ones inside functions too (a lazy import is still a dependency). From
-the bottom: the leaf modules (`paths`, `errors`, `fileio`, `machine`, `timing`), then the
-target, the engines users serve with (llama.cpp's server), the draft model, the decoder, export, calibration, training, the benchmark (`eval`),
-and on top of them all the measurement harness (`bench`), which no other part imports.
+the bottom: the leaf modules (`paths`, `errors`, `fileio`, `machine`, `timing`, `plotting`),
+then the target, the engines users serve with (llama.cpp's server), the draft model, the
+decoder, export, calibration, training, the benchmark (`eval`), and on top of them all the
+measurement harness (`bench`), which no other part imports.
 
 Also the package's file names: a name used by two modules is the same idea in parallel
 packages, and each of them names a counterpart in its docstring.
@@ -29,7 +30,7 @@ HIGHER = {"bench", "cli", "eval", "training", "calibration", "export", "data", "
 FORBIDDEN: dict[str, set[str]] = {
     **{
         leaf: HIGHER | {"target", "modeling", "decoding"}
-        for leaf in ("paths", "fileio", "locking", "timing", "from_target")
+        for leaf in ("paths", "fileio", "locking", "timing", "from_target", "plotting")
     },
     "machine": HIGHER | {"target", "modeling", "decoding"},
     "target": HIGHER | {"modeling", "decoding", "engines"},

@@ -28,6 +28,7 @@ from dspark.engines.llama_server import weight_mix
 from dspark.eval.prompts import load_dataset, render
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_kind
+from dspark.plotting import plt
 
 
 def prompt_sets(tokenizer, names, bench_dir, lo: int, hi: int) -> dict[str, list[list[int]]]:
@@ -303,11 +304,6 @@ def cost_model_lines(tuning: dict) -> list[str]:
 
 
 def plot(results: dict, path: Path) -> Path:
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     sets = list(results["datasets"])
     names = [r["name"] for r in results["datasets"][sets[0]]]
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(sets) * max(1, len(names)) / 3, 3.6))

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from dspark.errors import BadInputError
+from dspark.plotting import plt
 
 
 def check_loopback(url: str) -> str:
@@ -190,11 +191,6 @@ def render(by_mode: dict[str, list[dict]], conditions: dict) -> str:
 
 def plot(by_mode: dict[str, list[dict]], path) -> None:
     """Throughput and p90 latency against concurrency, one line per mode (PNG)."""
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     for mode, levels in by_mode.items():
         xs = [s["concurrency"] for s in levels]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from dspark.plotting import plt
+
 # the sweep's policies, in the order its tables and plots list them (load_sweep.py's docstring)
 POLICIES = ("ar", "full", "threshold", "scheduler", "scheduler_ragged")
 
@@ -92,11 +94,6 @@ def render_markdown(results: dict, plots: dict[str, str]) -> str:
 
 
 def plot(results: dict, out_dir: Path) -> dict[str, str]:
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     c = results["conditions"]
     sub = (
         f"{Path(str(c.get('target'))).name}, draft {c.get('draft_kind')}, block "

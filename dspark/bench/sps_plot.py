@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dspark.decoding.sps import SPSProfile
+from dspark.plotting import plt
 
 
 def profile_markdown(prof: SPSProfile, target: str) -> str:
@@ -29,11 +30,6 @@ def profile_markdown(prof: SPSProfile, target: str) -> str:
 
 
 def plot_profile(prof: SPSProfile, path: Path, gamma: int) -> Path:
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for i, r in enumerate(prof.rows):
         bs = list(range(r, r * (gamma + 1) + 1, max(1, r // 4)))

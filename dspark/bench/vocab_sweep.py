@@ -25,6 +25,7 @@ from dspark.decoding import DecoderOptions, Sampling, SpeculativeDecoder, Verify
 from dspark.export.load import load_draft
 from dspark.fileio import dumps_strict, write_text_atomic
 from dspark.machine import cpu_kind
+from dspark.plotting import plt
 from dspark.target import load_target
 
 
@@ -181,11 +182,6 @@ def render_markdown(res: dict, png: str | None) -> str:
 
 
 def plot(res: dict, path: Path) -> Path:
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     rows = res["rows"]
     labels = [str(r["K"]) for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from dspark.calibration.fit import CONFIG_KEY
+from dspark.plotting import plt
 
 
 def write_report(res: dict, out: Path) -> str:
@@ -66,11 +67,6 @@ def render_markdown(res: dict) -> str:
 
 
 def reliability_png(res: dict, path: Path) -> Path:
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     fig, ax = plt.subplots(figsize=(5, 4.6))
     ax.plot([0, 1], [0, 1], "k:", lw=1, label="perfect")
     for key, ece_key, style in (

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from dspark.plotting import plt
 
 
 def _subtitle(c: dict) -> str:

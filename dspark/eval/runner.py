@@ -30,6 +30,7 @@ from dspark.eval.auto_settings import choose as choose_settings
 from dspark.eval.benchmark_config import check
 from dspark.eval.capped_decoder import CappedVerifyDecoder
 from dspark.eval.models import load_models
+from dspark.eval.plots import make_plots
 from dspark.eval.prompts import load_dataset, render
 from dspark.eval.report import render_report
 from dspark.eval.summary import DatasetRecord, conditions, summarize, write_rounds
@@ -149,8 +150,6 @@ class Bench:
 
 def run(cfg, output_dir: str | os.PathLike) -> tuple[dict, str]:
     """Run every dataset, write results.json / report.md / PNGs; return (results, report)."""
-    from dspark.eval.plots import make_plots  # optional: matplotlib
-
     check(cfg)  # every value, before a model is loaded
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from dspark.fileio import dumps_strict
+from dspark.plotting import plt
 
 
 def _curves(out: Path, curve_metrics: list[str]) -> Path | None:
@@ -22,11 +23,6 @@ def _curves(out: Path, curve_metrics: list[str]) -> Path | None:
     train = [r for r in rows if "train/loss" in r]
     if not train:
         return None
-    import matplotlib  # optional: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional: matplotlib
-
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
     steps = [r["step"] for r in train]
     a.plot(steps, [r["train/loss"] for r in train], label="train loss")
