@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Where every cached thing lives (dspark.paths.cache_root): data builds, targets, llama.cpp.
 CACHE_ROOT := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)
 
-.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-data smollm2-large-status smollm2-point smollm2-seen-unseen smollm2-large smollm2-served ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-prompts smollm2-large-data smollm2-large-status smollm2-point smollm2-seen-unseen smollm2-large smollm2-served ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -186,7 +186,10 @@ LARGE_MAGPIE := $(PY) data_scripts/magpie_prompts.py --target embedded --dtype $
 LARGE_UNFINISHED := $(LARGE)/.step-left-work
 # a part that stops with work left (exit 75) marks the step unfinished; any other failure stops
 OR_LEFT_WORK = || { test $$? -eq 75 && touch $(LARGE_UNFINISHED); }
-smollm2-large-data: setup
+# The build's prompts: chat and code samples (a step of LARGE_CHAT_MIN, LARGE_CODE_MIN minutes
+# each) and the mix as far as they fix it. `make smollm2-large-prompts` runs them alone (the mix
+# that `make smollm2-served` answers in llama.cpp), rerun until it succeeds as above.
+define LARGE_PROMPT_STEPS
 	$(PY) data_scripts/prepare_target.py
 	@mkdir -p $(LARGE) && rm -f $(LARGE_UNFINISHED)
 	$(LARGE_MAGPIE) --stop-after $(LARGE_CHAT_MIN) --num $(LARGE_CHAT_SAMPLES) \
@@ -198,11 +201,18 @@ smollm2-large-data: setup
 		--source code=$(LARGE)/magpie_code/prompts.jsonl:2 \
 		--source math=gsm8k-train:2 --source instructions=self-instruct-seed:1 \
 		--source embedded=embedded:1
+endef
+LARGE_WORK_LEFT = @test ! -e $(LARGE_UNFINISHED) || { echo "$@: work left; rerun to go on"; exit 75; }
+smollm2-large-prompts: setup
+	$(LARGE_PROMPT_STEPS)
+	$(LARGE_WORK_LEFT)
+smollm2-large-data: setup
+	$(LARGE_PROMPT_STEPS)
 	$(SM_REGEN) --input $(LARGE)/mix.jsonl --output $(LARGE)/answers --batch-size $(LARGE_BATCH) \
 		--stop-after $(LARGE_ANSWER_MIN) $(OR_LEFT_WORK)
 	$(SM_REGEN) --input embedded --split test --limit 48 --output $(LARGE)/embedded_test
 	$(CACHE) --data $(LARGE)/embedded_test/tokenized --output $(LARGE)/embedded_test/features
-	@test ! -e $(LARGE_UNFINISHED) || { echo "smollm2-large-data: work left; rerun to go on"; exit 75; }
+	$(LARGE_WORK_LEFT)
 # Where the larger build stands: each step's work done, what LARGE_ROWS answered rows need of
 # it, and the time left at its recorded pace, then the LARGE_ROWS draft's feature cache and
 # training (read-only: it may run beside the build).
@@ -288,7 +298,10 @@ $(LARGE_BENCH)/%/results.json:
 # recorded), the features come from its weights dequantized, and SERVED_FROM (the
 # larger recipe's draft) is fine-tuned on them; then both drafts in llama.cpp on that GGUF,
 # back to back (gsm8k and humaneval, first 40 prompts, 256 new tokens, flags tuned on held-out
-# prompts). Each step resumes: rerun after `Error 75`; a finished step is kept.
+# prompts). SERVED_FROM= (empty) trains a fresh draft of the recipe's shape and epochs on the
+# served answers alone instead (its run dir ends in _fresh; only it is measured then). The mix
+# must hold SERVED_ROWS rows first (`make smollm2-large-prompts`). Each step resumes: rerun
+# after `Error 75`; a finished step is kept.
 SERVED_QUANT ?= q4_k_m
 SERVED_ROWS ?= 3000
 SERVED_EPOCHS ?= 2
@@ -296,7 +309,12 @@ SERVED_LR ?= 3e-4
 SERVED_FROM ?= $(CURVE)/n$(LARGE_ROWS)/draft
 SERVED_GGUF ?= $(CACHE_ROOT)/targets/gguf/smollm2-135m-instruct/smollm2-135m-instruct.$(SERVED_QUANT).gguf
 SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
-SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
+SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(if $(SERVED_FROM),,_fresh)
+# fine-tuning SERVED_FROM keeps its vocabulary and takes the fine-tune's lr and epochs
+SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
+	optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS))
+SERVED_SHORT_MIX = $(LARGE)/mix.jsonl holds fewer than SERVED_ROWS=$(SERVED_ROWS) prompts; run \
+	make smollm2-large-prompts until it succeeds, or lower SERVED_ROWS
 SERVED_REGEN := $(PY) data_scripts/regenerate.py --target $(SERVED_GGUF) --backend llama-cpp \
 	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024 --tokenize
 SERVED_CACHE := $(PY) data_scripts/cache_features.py --target $(SERVED_GGUF) --target-dtype bfloat16
@@ -305,20 +323,20 @@ SERVED_BENCH := $(PY) eval/llama_cpp_bench.py --target-gguf $(SERVED_GGUF) --dra
 	--tune-prompts 4 --ngram-n-max 0 --threads 2 $(if $(QS_LLAMA_SERVER),--server-bin $(QS_LLAMA_SERVER))
 smollm2-served: setup
 	$(MAKE) --no-print-directory $(SERVED_RUN)/results.json
-	$(MAKE) --no-print-directory $(SERVED_RUN)/llama_cpp_from/results.json \
+	$(MAKE) --no-print-directory $(if $(SERVED_FROM),$(SERVED_RUN)/llama_cpp_from/results.json) \
 		$(SERVED_RUN)/llama_cpp/results.json
 $(SERVED_GGUF):
 	$(PY) data_scripts/quantize_target.py --target embedded --quants $(SERVED_QUANT)
 $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
+	@test "$$(cat $(LARGE)/mix.jsonl 2>/dev/null | wc -l)" -ge $(SERVED_ROWS) \
+		|| { echo "error: $(SERVED_SHORT_MIX)"; exit 2; }
 	$(SERVED_REGEN) --input $(LARGE)/mix.jsonl --limit $(SERVED_ROWS) \
 		--output $(SERVED_DATA)/answers --stop-after $(LARGE_ANSWER_MIN)
 	$(SERVED_REGEN) --input embedded --split test --limit 48 --output $(SERVED_DATA)/embedded_test
 	$(SERVED_CACHE) --data $(SERVED_DATA)/answers/tokenized --output $(SERVED_DATA)/features
 	$(SERVED_CACHE) --data $(SERVED_DATA)/embedded_test/tokenized \
 		--output $(SERVED_DATA)/embedded_test/features
-	$(PY) train/distill.py recipe=smollm2 target.name=$(SERVED_GGUF) draft.init_from=$(SERVED_FROM) \
-		draft.vocab_size=null \
-		optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS) \
+	$(PY) train/distill.py recipe=smollm2 target.name=$(SERVED_GGUF) $(SERVED_INIT) \
 		data.train=$(SERVED_DATA)/answers/tokenized data.features=$(SERVED_DATA)/features \
 		data.eval=$(SERVED_DATA)/embedded_test/tokenized \
 		data.eval_features=$(SERVED_DATA)/embedded_test/features \

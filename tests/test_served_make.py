@@ -1,5 +1,6 @@
 """`make smollm2-served`: the served GGUF answers, is cached and is the training's target, and
-the draft it starts from is measured beside the fine-tuned one (make -n: nothing runs)."""
+the draft it starts from is measured beside the fine-tuned one, or a fresh draft trains alone;
+the mix it answers comes from `make smollm2-large-prompts` (make -n: nothing runs)."""
 
 import shutil
 import subprocess
@@ -67,3 +68,44 @@ def test_a_missing_gguf_is_made_first_and_both_drafts_are_measured_on_it(tmp_pat
     from_bench, served_bench = [x for x in benches if "llama_cpp_bench.py" in x]
     assert f"--target-gguf {gguf}" in from_bench and f"--target-gguf {gguf}" in served_bench
     assert "--draft d0 " in from_bench and f"--draft {run}/draft " in served_bench
+
+
+def test_an_empty_served_from_trains_a_fresh_draft_and_measures_only_it(tmp_path):
+    gguf = tmp_path / "t.q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    run = "runs/smollm2-served/q4_k_m_n3000_fresh"
+    lines = served_commands(tmp_path, "smollm2-served", f"SERVED_GGUF={gguf}", "SERVED_FROM=")
+    assert any(f"{run}/results.json" in x for x in lines)
+    sub = served_commands(tmp_path, f"{run}/results.json", f"SERVED_GGUF={gguf}", "SERVED_FROM=")
+    (train,) = [x for x in sub if "distill.py" in x]
+    assert "init_from" not in train and "vocab_size" not in train and "epochs" not in train
+    assert f"trainer.output_dir={run} " in train
+    benches = [x for x in lines if "llama_cpp_from" in x]
+    assert not benches  # no draft to start from, none measured beside it
+
+
+def test_the_served_answers_wait_for_a_mix_long_enough(tmp_path):
+    gguf = tmp_path / "t.q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "large").mkdir()
+    (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * 2)
+    args = ["make", "--no-print-directory", "runs/smollm2-served/q4_k_m_n3_fresh/results.json",
+            f"LARGE={tmp_path}/large", f"DSPARK_CACHE={tmp_path}/cache",
+            f"SERVED_GGUF={gguf}", "SERVED_FROM=", "SERVED_ROWS=3"]  # fmt: skip
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "error: " in out.stdout and "make smollm2-large-prompts" in out.stdout
+    assert "regenerate.py" not in out.stdout + out.stderr  # refused before answering
+
+
+def test_the_prompt_steps_run_alone_without_answering(tmp_path):
+    lines = served_commands(tmp_path, "smollm2-large-prompts")
+    magpie = [x for x in lines if "magpie_prompts.py" in x]
+    assert len(magpie) == 2 and all(f"{tmp_path}/large/magpie_" in x for x in magpie)
+    assert any("mix_prompts.py" in x and f"--output {tmp_path}/large/mix.jsonl" in x
+               for x in lines)  # fmt: skip
+    assert not any("regenerate.py" in x or "cache_features.py" in x for x in lines)
+    full = served_commands(tmp_path, "smollm2-large-data")
+    assert [x for x in full if "magpie_prompts.py" in x] == magpie  # the same steps, then answers
+    assert any("regenerate.py" in x and "--output " + f"{tmp_path}/large/answers" in x
+               for x in full)  # fmt: skip
