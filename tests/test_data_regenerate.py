@@ -89,6 +89,33 @@ def test_multi_turn_feeds_back_own_answers(backend, tmp_path):
         assert (run["engine"], run["dtype"], run["live_batch"]) == ("dspark decoder", "float32", 2)
 
 
+class WithServer:
+    """A backend whose engine decodes in a server process of its own: `server_cpu_s` reads
+    that process's CPU seconds (here as a script gives them, None for unreadable)."""
+
+    def __init__(self, inner, readings):
+        self.inner, self.readings = inner, list(readings)
+
+    def generate(self, *a):
+        return self.inner.generate(*a)
+
+    def server_cpu_s(self):
+        return self.readings.pop(0)
+
+
+@pytest.mark.parametrize("readings", [(10.0, 110.0), (None, None), (10.0, None)])
+def test_a_runs_cpu_time_counts_its_server_process(tiny_target, tmp_path, readings):
+    model, tok = tiny_target("qwen2")
+    prompts = normalize_rows(PROMPTS[:2])
+    stats = regenerate(prompts, WithServer(DecoderBackend(model, tok, batch_size=2), readings),
+                       tmp_path, sampling=SAMPLED, progress=False, log=None)  # fmt: skip
+    (run,) = [json.loads(x) for x in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    if readings[1] is None:  # a server's CPU time unknown: the run's is unknown, not this process's
+        assert "cpu_s" not in stats and "cpu_s" not in run
+    else:
+        assert 100.0 < run["cpu_s"] == stats["cpu_s"] < 100.0 + run["elapsed_s"] * 8
+
+
 @pytest.mark.parametrize(
     "sampling", [SamplingConfig(max_new_tokens=6), SAMPLED], ids=["greedy", "sampled"]
 )

@@ -4,12 +4,14 @@ flags it passes, and its errors; the real engine runs where xllamacpp is install
 from __future__ import annotations
 
 import builtins
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from dspark.bench.llama_cpp import Completion, EngineSettings, Mode, ModeRun, server_args
-from dspark.engines.llama_server import gguf_weight_types, weight_mix
+from dspark.engines.llama_server import gguf_weight_types, process_cpu_seconds, weight_mix
 from dspark.errors import MissingPackageError
 
 
@@ -422,3 +424,22 @@ def test_a_server_that_dies_at_start_leaves_no_log(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"exited with 3.*'--log-file', .*'-lv', '4'"):
         NativeServer(s, Mode("draft-dspark", 3))
     assert not list(tmp_path.glob("llama-server-*.log"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_server_process_cpu_time_is_read_from_outside_it():
+    # a child that burns ~0.5 s of CPU, as a native llama-server decodes outside its caller
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+    child = subprocess.Popen([sys.executable, "-c", burn + "\nimport sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        seen = 0.0
+        for _ in range(100):  # until its loop is done (it then waits on stdin, burning nothing)
+            seen = process_cpu_seconds(child.pid) or 0.0
+            if seen >= 0.5:
+                break
+            subprocess.run([sys.executable, "-c", "import time; time.sleep(0.05)"], check=True)
+        assert 0.5 <= seen < 5.0
+    finally:
+        child.communicate(b"")
+    assert process_cpu_seconds(child.pid) is None  # gone: unknown, not zero

@@ -171,6 +171,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far, all its threads (Linux's
+    /proc/PID/stat, fields 14 and 15, in clock ticks); None where that cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": field 3 on
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class NativeServer:
     """A natively built `llama-server` on 127.0.0.1, asked over HTTP."""
 
@@ -208,6 +219,11 @@ class NativeServer:
 
     def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
         return post_json(self.url + path, body, timeout_s)
+
+    def cpu_seconds(self) -> float | None:
+        """The server process's CPU seconds so far: its decoding runs there, not in the
+        caller, whose own CPU time leaves it out (None where it cannot be read)."""
+        return process_cpu_seconds(self._proc.pid)
 
     def draft_timer(self) -> dict | None:
         """llama.cpp's own timer of the draft so far (`parse_draft_timer`), or None when the

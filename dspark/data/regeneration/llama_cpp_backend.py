@@ -121,6 +121,12 @@ class LlamaCppBackend(TokenIdBackend):
         with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(lambda a: self._one(a[0], a[1], sampling), zip(ids, seeds)))
 
+    def server_cpu_s(self) -> float | None:
+        """CPU seconds the engine spent outside this process so far: a native server's (0.0 for
+        xllamacpp, which decodes in this process's own threads); None where it cannot be read."""
+        read = getattr(self.server, "cpu_seconds", None)
+        return 0.0 if read is None else read()
+
     def close(self) -> None:
         self.server.close()
 

@@ -106,7 +106,7 @@ def regenerate(
         "complete": False,
     }
     write_text_atomic(out / SUMMARY, json.dumps(stats, indent=2) + "\n")  # until it ends
-    t0, cpu0 = time.monotonic(), time.process_time()
+    t0, cpu0, server0 = time.monotonic(), time.process_time(), _server_cpu_s(backend)
     bar = tqdm(
         total=len(todo), unit="row", disable=not progress, dynamic_ncols=True, desc="regenerate"
     )
@@ -147,10 +147,13 @@ def regenerate(
                 break
     bar.close()
     elapsed = time.monotonic() - t0
+    server1 = _server_cpu_s(backend)
+    if server0 is not None and server1 is not None:
+        # this process's CPU seconds and its engine server's, all threads: a paused or crowded
+        # run's wall time overstates them (unknown where a server's cannot be read: left out)
+        stats["cpu_s"] = round(time.process_time() - cpu0 + server1 - server0, 3)
     stats.update(
         elapsed_s=round(elapsed, 3),
-        # this process's CPU seconds, all threads: a paused or crowded run's wall time overstates them
-        cpu_s=round(time.process_time() - cpu0, 3),
         tokens_per_s=round(stats["generated_tokens"] / max(elapsed, 1e-9), 2),
         rows_in_output=len(repair_and_read(out / OUTPUT)),
         output=str(out / OUTPUT),
@@ -175,6 +178,13 @@ def regenerate(
             log(f"regenerate: stopped with {left} of {len(rows)} rows left; rerun the same "
                 "command to continue")  # fmt: skip
     return stats
+
+
+def _server_cpu_s(backend) -> float | None:
+    """CPU seconds a backend's engine spent in a process of its own (a native llama-server);
+    0.0 for a backend that decodes in this process."""
+    read = getattr(backend, "server_cpu_s", None)
+    return 0.0 if read is None else read()
 
 
 def _answer_batch(batch, backend, sampling):
