@@ -58,6 +58,9 @@ class FakeServer:
         self.live = self.most = 0
         self.bodies: list[dict] = []
 
+    def cpu_seconds(self):  # answers in this process: nothing outside it to count
+        return 0.0
+
     def post(self, path, body, timeout_s=600.0):
         assert path == "/completion"
         with self.lock:

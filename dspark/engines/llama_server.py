@@ -152,6 +152,10 @@ class InProcessServer:
     def post(self, path: str, body: dict, timeout_s: float = 600.0) -> dict:
         return post_json(self.url + path, body, timeout_s)
 
+    def cpu_seconds(self) -> float:
+        """0.0: its decoding threads are this process's own, counted in its CPU time."""
+        return 0.0
+
     def close(self) -> None:
         del self._server
 

@@ -124,8 +124,7 @@ class LlamaCppBackend(TokenIdBackend):
     def server_cpu_s(self) -> float | None:
         """CPU seconds the engine spent outside this process so far: a native server's (0.0 for
         xllamacpp, which decodes in this process's own threads); None where it cannot be read."""
-        read = getattr(self.server, "cpu_seconds", None)
-        return 0.0 if read is None else read()
+        return self.server.cpu_seconds()
 
     def close(self) -> None:
         self.server.close()
