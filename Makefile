@@ -300,21 +300,24 @@ $(LARGE_BENCH)/%/results.json:
 # back to back (gsm8k and humaneval, first 40 prompts, 256 new tokens, flags tuned on held-out
 # prompts). SERVED_FROM= (empty) trains a fresh draft of the recipe's shape and epochs on the
 # served answers alone instead (its run dir ends in _fresh; only it is measured then). The mix
-# must hold SERVED_ROWS rows first (`make smollm2-large-prompts`). Each step resumes: rerun
+# must hold SERVED_ROWS rows first (`make smollm2-large-prompts`); SERVED_PROMPTS answers another
+# prompt file instead (any JSONL regenerate.py reads, e.g. `make smollm2`'s regenerated sets
+# joined, for a draft of that recipe against the served weights). Each step resumes: rerun
 # after `Error 75`; a finished step is kept.
 SERVED_QUANT ?= q4_k_m
 SERVED_ROWS ?= 3000
 SERVED_EPOCHS ?= 2
 SERVED_LR ?= 3e-4
 SERVED_FROM ?= $(CURVE)/n$(LARGE_ROWS)/draft
+SERVED_PROMPTS ?= $(LARGE)/mix.jsonl
 SERVED_GGUF ?= $(CACHE_ROOT)/targets/gguf/smollm2-135m-instruct/smollm2-135m-instruct.$(SERVED_QUANT).gguf
 SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
 SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(if $(SERVED_FROM),,_fresh)
 # fine-tuning SERVED_FROM keeps its vocabulary and takes the fine-tune's lr and epochs
 SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
 	optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS))
-SERVED_SHORT_MIX = $(LARGE)/mix.jsonl holds fewer than SERVED_ROWS=$(SERVED_ROWS) prompts; run \
-	make smollm2-large-prompts until it succeeds, or lower SERVED_ROWS
+SERVED_SHORT_MIX = $(SERVED_PROMPTS) holds fewer than SERVED_ROWS=$(SERVED_ROWS) prompts; run \
+	make smollm2-large-prompts until it succeeds, pass another SERVED_PROMPTS, or lower SERVED_ROWS
 SERVED_REGEN := $(PY) data_scripts/regenerate.py --target $(SERVED_GGUF) --backend llama-cpp \
 	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024 --tokenize
 SERVED_CACHE := $(PY) data_scripts/cache_features.py --target $(SERVED_GGUF) --target-dtype bfloat16
@@ -328,9 +331,9 @@ smollm2-served: setup
 $(SERVED_GGUF):
 	$(PY) data_scripts/quantize_target.py --target embedded --quants $(SERVED_QUANT)
 $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
-	@test "$$(cat $(LARGE)/mix.jsonl 2>/dev/null | wc -l)" -ge $(SERVED_ROWS) \
+	@test "$$(cat $(SERVED_PROMPTS) 2>/dev/null | wc -l)" -ge $(SERVED_ROWS) \
 		|| { echo "error: $(SERVED_SHORT_MIX)"; exit 2; }
-	$(SERVED_REGEN) --input $(LARGE)/mix.jsonl --limit $(SERVED_ROWS) \
+	$(SERVED_REGEN) --input $(SERVED_PROMPTS) --limit $(SERVED_ROWS) \
 		--output $(SERVED_DATA)/answers --stop-after $(LARGE_ANSWER_MIN)
 	$(SERVED_REGEN) --input embedded --split test --limit 48 --output $(SERVED_DATA)/embedded_test
 	$(SERVED_CACHE) --data $(SERVED_DATA)/answers/tokenized --output $(SERVED_DATA)/features

@@ -109,3 +109,21 @@ def test_the_prompt_steps_run_alone_without_answering(tmp_path):
     assert [x for x in full if "magpie_prompts.py" in x] == magpie  # the same steps, then answers
     assert any("regenerate.py" in x and "--output " + f"{tmp_path}/large/answers" in x
                for x in full)  # fmt: skip
+
+
+def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_path):
+    gguf = tmp_path / "t.q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    prompts = tmp_path / "recipe_prompts.jsonl"
+    prompts.write_text('{"turns": ["q"]}\n' * 2)
+    run = "runs/smollm2-served/q4_k_m_n2_fresh/results.json"
+    lines = served_commands(tmp_path, run, f"SERVED_GGUF={gguf}", "SERVED_FROM=",
+                            "SERVED_ROWS=2", f"SERVED_PROMPTS={prompts}")  # fmt: skip
+    regen = next(x for x in lines if "regenerate.py" in x and "--split test" not in x)
+    assert f"--input {prompts} " in regen and "mix.jsonl" not in regen
+    assert any(f"cat {prompts} " in x and "-ge 2" in x for x in lines)  # the guard counts it
+    args = ["make", "--no-print-directory", run.replace("_n2_", "_n3_"), f"LARGE={tmp_path}/large",
+            f"DSPARK_CACHE={tmp_path}/cache", f"SERVED_GGUF={gguf}", "SERVED_FROM=",
+            "SERVED_ROWS=3", f"SERVED_PROMPTS={prompts}"]  # fmt: skip
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and f"error: {prompts} holds fewer than SERVED_ROWS=3" in out.stdout
