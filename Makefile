@@ -311,8 +311,10 @@ SERVED_LR ?= 3e-4
 SERVED_FROM ?= $(CURVE)/n$(LARGE_ROWS)/draft
 SERVED_PROMPTS ?= $(LARGE)/mix.jsonl
 SERVED_GGUF ?= $(CACHE_ROOT)/targets/gguf/smollm2-135m-instruct/smollm2-135m-instruct.$(SERVED_QUANT).gguf
-SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)
-SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(if $(SERVED_FROM),,_fresh)
+# another prompt file names its answers and run (`_<file name>`), so neither is taken for the mix's
+SERVED_SET := $(if $(filter file,$(origin SERVED_PROMPTS)),,_$(basename $(notdir $(SERVED_PROMPTS))))
+SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)
+SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)$(if $(SERVED_FROM),,_fresh)
 # fine-tuning SERVED_FROM keeps its vocabulary and takes the fine-tune's lr and epochs
 SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
 	optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS))

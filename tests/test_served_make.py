@@ -116,11 +116,15 @@ def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_pat
     gguf.write_bytes(b"GGUF")
     prompts = tmp_path / "recipe_prompts.jsonl"
     prompts.write_text('{"turns": ["q"]}\n' * 2)
-    run = "runs/smollm2-served/q4_k_m_n2_fresh/results.json"
+    # its answers and run are named after it, apart from the mix's of as many rows
+    run = "runs/smollm2-served/q4_k_m_n2_recipe_prompts_fresh/results.json"
     lines = served_commands(tmp_path, run, f"SERVED_GGUF={gguf}", "SERVED_FROM=",
                             "SERVED_ROWS=2", f"SERVED_PROMPTS={prompts}")  # fmt: skip
     regen = next(x for x in lines if "regenerate.py" in x and "--split test" not in x)
     assert f"--input {prompts} " in regen and "mix.jsonl" not in regen
+    assert "smollm2-served/q4_k_m_n2_recipe_prompts/answers " in regen
+    (train,) = [x for x in lines if "distill.py" in x]
+    assert f"trainer.output_dir={run.removesuffix('/results.json')} " in train
     assert any(f"cat {prompts} " in x and "-ge 2" in x for x in lines)  # the guard counts it
     args = ["make", "--no-print-directory", run.replace("_n2_", "_n3_"), f"LARGE={tmp_path}/large",
             f"DSPARK_CACHE={tmp_path}/cache", f"SERVED_GGUF={gguf}", "SERVED_FROM=",
