@@ -318,7 +318,7 @@ SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)$(
 # fine-tuning SERVED_FROM keeps its vocabulary and takes the fine-tune's lr and epochs
 SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
 	optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS))
-SERVED_SHORT_MIX = $(SERVED_PROMPTS) holds fewer than SERVED_ROWS=$(SERVED_ROWS) prompts; run \
+SERVED_SHORT_PROMPTS = $(SERVED_PROMPTS) holds fewer than SERVED_ROWS=$(SERVED_ROWS) prompts; run \
 	make smollm2-large-prompts until it succeeds, pass another SERVED_PROMPTS, or lower SERVED_ROWS
 SERVED_REGEN := $(PY) data_scripts/regenerate.py --target $(SERVED_GGUF) --backend llama-cpp \
 	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024 --tokenize
@@ -334,7 +334,7 @@ $(SERVED_GGUF):
 	$(PY) data_scripts/quantize_target.py --target embedded --quants $(SERVED_QUANT)
 $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
 	@test "$$(cat $(SERVED_PROMPTS) 2>/dev/null | wc -l)" -ge $(SERVED_ROWS) \
-		|| { echo "error: $(SERVED_SHORT_MIX)"; exit 2; }
+		|| { echo "error: $(SERVED_SHORT_PROMPTS)"; exit 2; }
 	$(SERVED_REGEN) --input $(SERVED_PROMPTS) --limit $(SERVED_ROWS) \
 		--output $(SERVED_DATA)/answers --stop-after $(LARGE_ANSWER_MIN)
 	$(SERVED_REGEN) --input embedded --split test --limit 48 --output $(SERVED_DATA)/embedded_test

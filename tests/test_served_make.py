@@ -12,22 +12,25 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
 
-def served_commands(tmp_path: Path, goal: str, *args: str) -> list[str]:
-    out = subprocess.run(
+def run_make(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """make ARGS in the checkout, the larger build and the cache under `tmp_path`."""
+    return subprocess.run(
         [
             "make",
-            "-n",
             "--no-print-directory",
-            goal,
+            *args,
             f"LARGE={tmp_path}/large",
             f"DSPARK_CACHE={tmp_path}/cache",
-            *args,
-        ],  # fmt: skip
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        check=True,
     )
+
+
+def served_commands(tmp_path: Path, goal: str, *args: str) -> list[str]:
+    out = run_make(tmp_path, "-n", goal, *args)
+    assert out.returncode == 0, out.stderr
     return out.stdout.replace("\\\n", " ").splitlines()
 
 
@@ -89,10 +92,8 @@ def test_the_served_answers_wait_for_a_mix_long_enough(tmp_path):
     gguf.write_bytes(b"GGUF")
     (tmp_path / "large").mkdir()
     (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * 2)
-    args = ["make", "--no-print-directory", "runs/smollm2-served/q4_k_m_n3_fresh/results.json",
-            f"LARGE={tmp_path}/large", f"DSPARK_CACHE={tmp_path}/cache",
-            f"SERVED_GGUF={gguf}", "SERVED_FROM=", "SERVED_ROWS=3"]  # fmt: skip
-    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    out = run_make(tmp_path, "runs/smollm2-served/q4_k_m_n3_fresh/results.json",
+                   f"SERVED_GGUF={gguf}", "SERVED_FROM=", "SERVED_ROWS=3")  # fmt: skip
     assert out.returncode != 0
     assert "error: " in out.stdout and "make smollm2-large-prompts" in out.stdout
     assert "regenerate.py" not in out.stdout + out.stderr  # refused before answering
@@ -126,8 +127,6 @@ def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_pat
     (train,) = [x for x in lines if "distill.py" in x]
     assert f"trainer.output_dir={run.removesuffix('/results.json')} " in train
     assert any(f"cat {prompts} " in x and "-ge 2" in x for x in lines)  # the guard counts it
-    args = ["make", "--no-print-directory", run.replace("_n2_", "_n3_"), f"LARGE={tmp_path}/large",
-            f"DSPARK_CACHE={tmp_path}/cache", f"SERVED_GGUF={gguf}", "SERVED_FROM=",
-            "SERVED_ROWS=3", f"SERVED_PROMPTS={prompts}"]  # fmt: skip
-    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    out = run_make(tmp_path, run.replace("_n2_", "_n3_"), f"SERVED_GGUF={gguf}", "SERVED_FROM=",
+                   "SERVED_ROWS=3", f"SERVED_PROMPTS={prompts}")  # fmt: skip
     assert out.returncode != 0 and f"error: {prompts} holds fewer than SERVED_ROWS=3" in out.stdout
