@@ -3,7 +3,10 @@ hand: the best mode per quant, break-even tau, and agreement with the bundled gr
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
 
 from dspark.bench.llama_cpp_quants import agreement, quant_rows, render, target_gguf_for
 
@@ -84,3 +87,30 @@ def test_the_report_recommends_what_pays_with_the_numbers():
     assert recommendation(nothing)["serve"] == "plain"
     paying = _sets([plain, _row("draft-dspark", 2, 120.0, 1.2, 2.5, 2.0)])
     assert recommendation(paying)["serve"] == "draft-dspark-2"
+
+
+def test_reference_answers_are_kept_per_target_prompt_and_length(tiny_target, tmp_path):
+    from dspark.bench.llama_cpp_quants import reference_texts
+
+    model, tok = tiny_target("qwen3")
+    sets = {"s": [[5, 6, 7], [8, 9]]}
+    first = reference_texts("tiny-qwen3", sets, 4, tok, cache_dir=tmp_path)
+    # the same decode by hand: fp32 greedy, batch 1
+    for ids, text in zip(sets["s"], first["s"], strict=True):
+        x = torch.tensor([ids])
+        y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                           max_new_tokens=4)  # fmt: skip
+        assert text == tok.decode(y[0, len(ids) :], skip_special_tokens=True)
+    kept = sorted(tmp_path.glob("*.json"))
+    assert len(kept) == 2
+    # a rerun reads what is kept (marked here so a fresh decode would show)
+    for f in kept:
+        f.write_text(json.dumps({"text": "kept:" + json.loads(f.read_text())["text"]}))
+    again = reference_texts("tiny-qwen3", sets, 4, tok, cache_dir=tmp_path)
+    assert again["s"] == ["kept:" + t for t in first["s"]]
+    # another length or another target is another answer
+    reference_texts("tiny-qwen3", sets, 3, tok, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 4
+    _, tok2 = tiny_target("qwen2")
+    reference_texts("tiny-qwen2", {"s": [[5, 6, 7]]}, 4, tok2, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 5

@@ -11,11 +11,16 @@ transformers: what the quantization changes). Pure functions over the per-quant 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from pathlib import Path
 
 from dspark.bench.llama_cpp import target_gguf_of
 from dspark.data.regeneration.llama_cpp_backend import agreement as sequence_agreement
 from dspark.engines.llama_server import weight_mix
+from dspark.fileio import dumps_strict, write_text_atomic
+from dspark.paths import cache_root
 
 
 def agreement(texts: list[str], reference: list[str]) -> dict:
@@ -101,23 +106,53 @@ def target_gguf_for(quant: str, target: str, made: dict[str, os.PathLike] | None
     return str(made[quant])
 
 
-def reference_texts(target: str, prompt_ids: dict[str, list[list[int]]], max_new_tokens: int,
-                    tokenizer) -> dict[str, list[str]]:  # fmt: skip
-    """The bundled target's greedy answers (fp32, transformers' `generate`) to the same prompt
-    ids, as text: what every quant's plain llama.cpp output is compared with."""
-    import torch  # light module: defers torch
+REFERENCE_DIR = "bench_reference"  # under $DSPARK_CACHE: one JSON per (target, prompt, length)
 
+
+def reference_key(identity: dict, ids: list[int], max_new_tokens: int, versions: dict) -> str:
+    """sha256 naming one reference answer: the target (`target_identity`), the prompt's ids, the
+    new-token budget and the library versions that decode it (fp32 greedy, batch 1)."""
+    blob = {"version": 1, "target": identity, "prompt_ids": list(ids),
+            "max_new_tokens": int(max_new_tokens), "libraries": versions}  # fmt: skip
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def reference_texts(target: str, prompt_ids: dict[str, list[list[int]]], max_new_tokens: int,
+                    tokenizer, cache_dir: os.PathLike | None = None) -> dict[str, list[str]]:  # fmt: skip
+    """The bundled target's greedy answers (fp32, transformers' `generate`, batch 1) to the same
+    prompt ids, as text: what every quant's plain llama.cpp output is compared with.
+
+    Each answer is kept under `cache_dir` (default `$DSPARK_CACHE/bench_reference`) by
+    `reference_key`, so a rerun of the benchmark, or a killed one resumed, decodes only the
+    prompts it has not answered yet: batch-1 decoding is the slowest step of a quant run."""
+    import torch  # light module: defers torch
+    import transformers
+
+    from dspark.data.features.feature_cache import target_identity
     from dspark.target import load_target  # light module: defers torch
 
     model, _ = load_target(target)
+    identity = target_identity(model)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / REFERENCE_DIR
     out: dict[str, list[str]] = {}
     with torch.no_grad():
         for name, prompts in prompt_ids.items():
-            texts = []
-            for ids in prompts:
+            texts, cached = [], 0
+            for i, ids in enumerate(prompts):
+                path = root / f"{reference_key(identity, ids, max_new_tokens, versions)}.json"
+                if path.exists():
+                    texts.append(json.loads(path.read_text())["text"])
+                    cached += 1
+                    continue
                 x = torch.tensor([ids])
                 y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,  # type: ignore[operator]
                                    max_new_tokens=max_new_tokens)  # fmt: skip
                 texts.append(tokenizer.decode(y[0, len(ids) :], skip_special_tokens=True))
+                write_text_atomic(path, dumps_strict({"text": texts[-1]}) + "\n")
+                print(f"reference {name}: {i + 1}/{len(prompts)} ({cached} kept)", flush=True)
+            print(
+                f"reference {name}: {len(prompts)} answers, {cached} kept from {root}", flush=True
+            )
             out[name] = texts
     return out
