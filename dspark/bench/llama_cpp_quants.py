@@ -126,9 +126,9 @@ def reference_texts(target: str, prompt_ids: dict[str, list[list[int]]], max_new
     `reference_key`, so a rerun of the benchmark, or a killed one resumed, decodes only the
     prompts it has not answered yet: batch-1 decoding is the slowest step of a quant run."""
     import torch  # light module: defers torch
-    import transformers
+    import transformers  # light module: defers transformers
 
-    from dspark.data.features.feature_cache import target_identity
+    from dspark.data.features.feature_cache import target_identity  # light module: imports torch
     from dspark.target import load_target  # light module: defers torch
 
     model, _ = load_target(target)
