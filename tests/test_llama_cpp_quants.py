@@ -8,7 +8,13 @@ import json
 import pytest
 import torch
 
-from dspark.bench.llama_cpp_quants import agreement, quant_rows, render, target_gguf_for
+from dspark.bench.llama_cpp_quants import (
+    agreement,
+    quant_rows,
+    reference_texts,
+    render,
+    target_gguf_for,
+)
 
 
 def _row(spec, n_max, tok_s, speedup=None, tau=None, be=None, eq=None):
@@ -90,8 +96,6 @@ def test_the_report_recommends_what_pays_with_the_numbers():
 
 
 def test_reference_answers_are_kept_per_target_prompt_and_length(tiny_target, tmp_path):
-    from dspark.bench.llama_cpp_quants import reference_texts
-
     model, tok = tiny_target("qwen3")
     sets = {"s": [[5, 6, 7], [8, 9]]}
     first = reference_texts("tiny-qwen3", sets, 4, tok, cache_dir=tmp_path)
