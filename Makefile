@@ -320,6 +320,9 @@ SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_si
 	optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS))
 SERVED_SHORT_PROMPTS = $(SERVED_PROMPTS) holds fewer than SERVED_ROWS=$(SERVED_ROWS) prompts; run \
 	make smollm2-large-prompts until it succeeds, pass another SERVED_PROMPTS, or lower SERVED_ROWS
+SERVED_NO_DRAFT = SERVED_FROM=$(SERVED_FROM) holds no draft (no config.json); train it first \
+	(make smollm2-point N=$(LARGE_ROWS) for the default), pass another draft dir, or pass \
+	SERVED_FROM= for a fresh draft
 SERVED_REGEN := $(PY) data_scripts/regenerate.py --target $(SERVED_GGUF) --backend llama-cpp \
 	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024 --tokenize
 SERVED_CACHE := $(PY) data_scripts/cache_features.py --target $(SERVED_GGUF) --target-dtype bfloat16
@@ -333,6 +336,8 @@ smollm2-served: setup
 $(SERVED_GGUF):
 	$(PY) data_scripts/quantize_target.py --target embedded --quants $(SERVED_QUANT)
 $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
+	@test -z "$(SERVED_FROM)" -o -f "$(SERVED_FROM)/config.json" \
+		|| { echo "error: $(SERVED_NO_DRAFT)"; exit 2; }
 	@test "$$(cat $(SERVED_PROMPTS) 2>/dev/null | wc -l)" -ge $(SERVED_ROWS) \
 		|| { echo "error: $(SERVED_SHORT_PROMPTS)"; exit 2; }
 	$(SERVED_REGEN) --input $(SERVED_PROMPTS) --limit $(SERVED_ROWS) \

@@ -130,3 +130,26 @@ def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_pat
     out = run_make(tmp_path, run.replace("_n2_", "_n3_"), f"SERVED_GGUF={gguf}", "SERVED_FROM=",
                    "SERVED_ROWS=3", f"SERVED_PROMPTS={prompts}")  # fmt: skip
     assert out.returncode != 0 and f"error: {prompts} holds fewer than SERVED_ROWS=3" in out.stdout
+
+
+def test_a_missing_draft_to_start_from_is_refused_before_answering(tmp_path):
+    gguf = tmp_path / "t.q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "large").mkdir()
+    (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * 2)
+    missing = tmp_path / "no_draft"
+    missing.mkdir()  # a run dir whose draft is not written yet
+    out = run_make(tmp_path, "runs/smollm2-served/q4_k_m_n3/results.json", f"SERVED_GGUF={gguf}",
+                   f"SERVED_FROM={missing}", "SERVED_ROWS=3")  # fmt: skip
+    assert out.returncode != 0
+    assert f"error: SERVED_FROM={missing} holds no draft" in out.stdout
+    assert "SERVED_FROM= for a fresh draft" in out.stdout
+    assert "regenerate.py" not in out.stdout + out.stderr
+    # a draft dir passes this guard: the mix's (too short here) is the one that refuses
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text("{}")
+    out = run_make(tmp_path, "runs/smollm2-served/q4_k_m_n3/results.json", f"SERVED_GGUF={gguf}",
+                   f"SERVED_FROM={draft}", "SERVED_ROWS=3")  # fmt: skip
+    assert out.returncode != 0 and "holds no draft" not in out.stdout
+    assert "holds fewer than SERVED_ROWS=3" in out.stdout
