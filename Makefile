@@ -336,7 +336,7 @@ smollm2-served: setup
 $(SERVED_GGUF):
 	$(PY) data_scripts/quantize_target.py --target embedded --quants $(SERVED_QUANT)
 $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
-	@test -z "$(SERVED_FROM)" -o -f "$(SERVED_FROM)/config.json" \
+	@test -z "$(SERVED_FROM)" || test -f "$(SERVED_FROM)/config.json" \
 		|| { echo "error: $(SERVED_NO_DRAFT)"; exit 2; }
 	@test "$$(cat $(SERVED_PROMPTS) 2>/dev/null | wc -l)" -ge $(SERVED_ROWS) \
 		|| { echo "error: $(SERVED_SHORT_PROMPTS)"; exit 2; }

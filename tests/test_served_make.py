@@ -34,6 +34,15 @@ def served_commands(tmp_path: Path, goal: str, *args: str) -> list[str]:
     return out.stdout.replace("\\\n", " ").splitlines()
 
 
+def two_row_mix(tmp_path: Path) -> Path:
+    """A served GGUF stand-in and a mix of 2 prompts under `tmp_path`; the GGUF's path."""
+    gguf = tmp_path / "t.q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "large").mkdir()
+    (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * 2)
+    return gguf
+
+
 def test_the_served_gguf_is_the_answers_the_features_and_the_training_target(tmp_path):
     gguf = tmp_path / "t.q4_0.gguf"
     gguf.write_bytes(b"GGUF")  # present: not made again
@@ -88,10 +97,7 @@ def test_an_empty_served_from_trains_a_fresh_draft_and_measures_only_it(tmp_path
 
 
 def test_the_served_answers_wait_for_a_mix_long_enough(tmp_path):
-    gguf = tmp_path / "t.q4_k_m.gguf"
-    gguf.write_bytes(b"GGUF")
-    (tmp_path / "large").mkdir()
-    (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * 2)
+    gguf = two_row_mix(tmp_path)
     out = run_make(tmp_path, "runs/smollm2-served/q4_k_m_n3_fresh/results.json",
                    f"SERVED_GGUF={gguf}", "SERVED_FROM=", "SERVED_ROWS=3")  # fmt: skip
     assert out.returncode != 0
@@ -133,10 +139,7 @@ def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_pat
 
 
 def test_a_missing_draft_to_start_from_is_refused_before_answering(tmp_path):
-    gguf = tmp_path / "t.q4_k_m.gguf"
-    gguf.write_bytes(b"GGUF")
-    (tmp_path / "large").mkdir()
-    (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * 2)
+    gguf = two_row_mix(tmp_path)
     missing = tmp_path / "no_draft"
     missing.mkdir()  # a run dir whose draft is not written yet
     out = run_make(tmp_path, "runs/smollm2-served/q4_k_m_n3/results.json", f"SERVED_GGUF={gguf}",
