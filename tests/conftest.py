@@ -97,7 +97,7 @@ def debug_data(tmp_path_factory, tiny_target_dir):
 @pytest.fixture(scope="session")
 def tiny_sets(tmp_path_factory, tiny_target):
     """Feature caches of a small tokenized set: `get(arch) -> (target, tok, data_dir,
-    {name: cache_dir})` with fp32 / bf16 / bf16-loss caches written once per arch (batch 3,
+    {name: cache_dir})` with fp32 / bf16 / bf16-loss / q8_0 caches written once per arch (batch 3,
     small shards: several shards, mixed batches)."""
     from helpers import make_rows, save_rows
 
@@ -116,6 +116,7 @@ def tiny_sets(tmp_path_factory, tiny_target):
                 ("fp32", "fp32", "all"),
                 ("bf16", "bf16", "all"),
                 ("bf16_loss", "bf16", "loss"),
+                ("q8_0", "q8_0", "all"),
             ):
                 caches[name] = root / name
                 fc.write_cache(

@@ -11,6 +11,7 @@ from helpers import make_draft, make_rows, save_rows
 
 from dspark.data.collate import PadCollator
 from dspark.data.features import feature_cache as fc
+from dspark.data.features import q8_0
 from dspark.data.features.feature_dataset import ROW_COLUMN, CachedFeatureDataset, FeatureCache
 from dspark.objectives import DSparkObjective
 from dspark.target.capture import BatchFeatures, OnlineTargetCapture
@@ -20,6 +21,9 @@ from dspark.target.capture import BatchFeatures, OnlineTargetCapture
 # (measured over 24 rows x 3 archs), so 1e-3 leaves margin. fp32 caches match to 1e-5.
 BF16_LOSS_RTOL = 1e-3
 FP32_LOSS_RTOL = 1e-5
+# A q8_0 cache keeps each value to 1/254 of its block's largest (32 values); on the tiny
+# targets the losses move by at most ~3e-4 relative (measured over 9 batches x 3 archs).
+Q8_0_LOSS_RTOL = 3e-3
 
 
 def cached_batches(data_dir, cache_dir, pad_id, batch_size=4):
@@ -44,6 +48,7 @@ def test_cached_features_give_the_online_losses(arch, tiny_sets):
     by_name = {name: cached_batches(data, path, tok.pad_token_id) for name, path in caches.items()}
     capture = OnlineTargetCapture(target, draft.config.target_layer_ids)
     assert by_name["bf16"][0]["tapped"].dtype == torch.bfloat16  # stored and served as bf16
+    assert by_name["q8_0"][0]["tapped"].dtype == torch.bfloat16  # int8 stored, bf16 served
     for b, batch in enumerate(by_name["fp32"]):
         # Writer batches (3 rows, other padding) differ from these (4 rows): features still agree.
         ref = capture(batch)
@@ -57,6 +62,15 @@ def test_cached_features_give_the_online_losses(arch, tiny_sets):
             got = offline.evaluate(draft, by_name[name][b])
             for key in ("loss", "ce", "l1", "tau_probabilistic"):
                 assert got[key] == pytest.approx(want[key], rel=tol, abs=1e-6), (name, b, key)
+        got = offline.evaluate(draft, by_name["q8_0"][b])
+        for key in ("loss", "ce", "l1", "tau_probabilistic"):
+            assert got[key] == pytest.approx(want[key], rel=Q8_0_LOSS_RTOL, abs=1e-6), (b, key)
+        # what a q8_0 cache holds is the bf16 cache's vectors in ggml's Q8_0 blocks
+        for key in ("tapped", "final_hidden"):
+            bf16 = by_name["bf16"][b][key][real]
+            torch.testing.assert_close(
+                by_name["q8_0"][b][key][real], q8_0.dequantize(*q8_0.quantize(bf16)), rtol=0, atol=0
+            )
         # positions=loss stores less but the objective reads nothing it dropped: same losses.
         all_pos = offline.evaluate(draft, by_name["bf16"][b])
         loss_pos = offline.evaluate(draft, by_name["bf16_loss"][b])
@@ -218,7 +232,7 @@ def test_a_cache_for_another_target_layer_set_or_data_is_refused(tmp_path, tiny_
 def test_estimator_matches_the_bytes_written_and_checks_the_disk(tmp_path, tiny_sets, monkeypatch):
     target, tok, data, caches = tiny_sets("qwen2")
     H, L = target.config.hidden_size, len(fc.resolve_layer_ids(target.config.num_hidden_layers))
-    for name, itemsize in (("fp32", 4), ("bf16", 2), ("bf16_loss", 2)):
+    for name, itemsize in (("fp32", 4), ("bf16", 2), ("bf16_loss", 2), ("q8_0", 34 / 32)):
         m = fc.read_manifest(caches[name])
         est = m["estimate"]
         assert est["bytes_per_token_all_positions"] == (L + 1) * H * itemsize + 4  # by hand

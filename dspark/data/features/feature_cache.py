@@ -8,7 +8,9 @@ Layout of a cache directory (format `dspark-features-v1`):
   links it: `shard_reuse`); `complete` once every shard is written.
 - `shard_NNNNN.safetensors`, one per planned group of consecutive rows, each holding the rows
   concatenated along tokens:
-  `tapped [T_t, L*H]` and `final_hidden [T_f, H]` (in `dtype`: bf16 by default, or fp32),
+  `tapped [T_t, L*H]` and `final_hidden [T_f, H]` (in `dtype`: bf16 by default, fp32, or
+  q8_0: int8 with fp16 scales `tapped_scales [T_t, L*H/32]` and `final_hidden_scales
+  [T_f, H/32]` beside them, llama.cpp's Q8_0 blocks (`q8_0.py`), read back as bf16),
   `lengths [n]` (each row's token count), `tapped_offsets [n+1]`, `final_offsets [n+1]`
   (int64 prefix sums into the two tensors) and `final_positions [T_f]` (int32, the position
   in its row of each stored final-hidden vector).
@@ -49,6 +51,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from dspark.data.collate import PadCollator
+from dspark.data.features import q8_0
 from dspark.data.features.feature_layout import (  # noqa: F401  (re-exported: one import for users)
     DTYPES,
     POSITIONS,
@@ -185,18 +188,36 @@ def shard_name(k: int) -> str:
 
 
 # ---------------------------------------------------------------------------- writer
-def _shard_tensors(feats: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]) -> dict:
-    """Concatenate per-row `(tapped [t, LH], final [f, H], final_positions [f], length)`."""
-    tapped = torch.cat([f[0] for f in feats])
-    final = torch.cat([f[1] for f in feats])
+Stored = dict[str, torch.Tensor]  # a row's tapped or final features as the shard keeps them
+
+
+def _stored(name: str, x: torch.Tensor, dtype: str) -> Stored:
+    """`{name: x}` in the cache's `dtype`, on the CPU; q8_0 adds `{name}_scales`."""
+    if dtype != "q8_0":
+        return {name: x.to(DTYPES[dtype]).cpu()}
+    q, d = q8_0.quantize(x)
+    return {name: q.cpu(), f"{name}_scales": d.cpu()}
+
+
+def _shard_tensors(feats: list[tuple[Stored, Stored, torch.Tensor, int]]) -> dict:
+    """Concatenate per-row `(tapped {name: [t, ...]}, final {name: [f, ...]}, final_positions
+    [f], length)` (the dicts as `_stored` gives them)."""
     zero = torch.zeros(1, dtype=torch.long)
+    parts = {
+        name: torch.cat([p[name] for p in rows]).contiguous()
+        for rows in ([f[0] for f in feats], [f[1] for f in feats])
+        for name in rows[0]
+    }
     return {
-        "tapped": tapped.contiguous(),
-        "final_hidden": final.contiguous(),
+        **parts,
         "final_positions": torch.cat([f[2] for f in feats]).to(torch.int32),
         "lengths": torch.tensor([f[3] for f in feats], dtype=torch.long),
-        "tapped_offsets": torch.cat([zero, torch.tensor([len(f[0]) for f in feats]).cumsum(0)]),
-        "final_offsets": torch.cat([zero, torch.tensor([len(f[1]) for f in feats]).cumsum(0)]),
+        "tapped_offsets": torch.cat(
+            [zero, torch.tensor([len(f[0]["tapped"]) for f in feats]).cumsum(0)]
+        ),
+        "final_offsets": torch.cat(
+            [zero, torch.tensor([len(f[1]["final_hidden"]) for f in feats]).cumsum(0)]
+        ),
     }
 
 
@@ -217,8 +238,8 @@ def _compute_shard(
         feats = capture(batch)
         for j, (i, row) in enumerate(zip(idx, chunk)):
             prefix, final_pos = stored_positions(row["loss_mask"], positions)
-            tapped = feats.tapped[j, :prefix].to(dtype).cpu()
-            final = feats.final_hidden[j, final_pos.to(device)].to(dtype).cpu()
+            tapped = _stored("tapped", feats.tapped[j, :prefix], dtype)
+            final = _stored("final_hidden", feats.final_hidden[j, final_pos.to(device)], dtype)
             out[i] = (tapped, final, final_pos, len(row["input_ids"]))
         if on_batch is not None:
             on_batch(len(chunk))
@@ -248,15 +269,13 @@ def write_cache(
     `reuse_from`: caches of a set this one grew from, whose shards over the same rows are
     linked instead of computed (`shard_reuse`).
     """
-    if dtype not in DTYPES:
-        raise FeatureCacheError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+    layout = Layout(int(target.config.hidden_size), len(layer_ids), dtype)  # checks the dtype
     if positions not in POSITIONS:
         raise FeatureCacheError(f"positions={positions!r} is not one of {POSITIONS}")
     capture = OnlineTargetCapture(target, layer_ids)  # checks the layer ids
     data_dir, out = Path(data_dir).expanduser(), check_cache_output(out_dir)
     ds = load_tokenized(data_dir)
     ds = ds.select_columns(["input_ids", "loss_mask"])
-    layout = Layout(int(target.config.hidden_size), len(capture.layer_ids), dtype)
     counts = row_token_counts(ds["loss_mask"], positions)
     est = estimate(layout, counts, positions)
     row_bytes = [layout.row_bytes(c[1], c[2]) for c in counts]
@@ -335,7 +354,7 @@ def write_cache(
                 pad_token_id,
                 batch_size,
                 positions,
-                DTYPES[dtype],
+                dtype,
                 device,
                 bar.update,
             )

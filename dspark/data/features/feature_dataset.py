@@ -2,7 +2,8 @@
 
 `FeatureCache(dir)` opens a finished cache, `validate` refuses one made for another target,
 layer set or tokenized set, and `row(i)` gives row i's `tapped [n, L*H]` and
-`final_hidden [n, H]` (zeros where a `positions=loss` cache stored nothing).
+`final_hidden [n, H]` (zeros where a `positions=loss` cache stored nothing; a q8_0 cache's
+dequantized to bf16).
 `CachedFeatureDataset` pairs a tokenized dataset (with its original row numbers in a column)
 with the cache, so a shuffled, split or subset loader still gets each row's own features;
 `PadCollator` pads the feature tensors like `input_ids`.
@@ -20,6 +21,7 @@ from safetensors import safe_open
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from dspark.data.features import q8_0
 from dspark.data.features.feature_cache import (
     DTYPES,
     FeatureCacheError,
@@ -58,6 +60,7 @@ class FeatureCache:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype rows are read back in (bf16 for a q8_0 cache)."""
         return DTYPES[self.settings["dtype"]]
 
     def validate(
@@ -111,12 +114,19 @@ class FeatureCache:
         loc = self._locate(i)
         f, j, n, t_off = loc[:4]
         t0, t1 = int(t_off[j]), int(t_off[j + 1])
-        tapped_part = f.get_slice("tapped")[t0:t1]
+        tapped_part = self._read(f, "tapped", t0, t1)
         if t1 - t0 == n:  # positions=all: nothing to fill
             return tapped_part, self._final(loc)
         tapped = tapped_part.new_zeros((n, tapped_part.shape[-1]))
         tapped[: t1 - t0] = tapped_part
         return tapped, self._final(loc)
+
+    def _read(self, f, name: str, a: int, b: int) -> torch.Tensor:
+        """Rows `[a, b)` of shard tensor `name` in `self.dtype` (a q8_0 cache's dequantized)."""
+        part = f.get_slice(name)[a:b]
+        if self.settings["dtype"] != "q8_0":
+            return part
+        return q8_0.dequantize(part, f.get_slice(f"{name}_scales")[a:b], self.dtype)
 
     def final_row(self, i: int) -> torch.Tensor:
         """Row i's `final_hidden [n, H]` alone (zeros where nothing was stored)."""
@@ -125,7 +135,7 @@ class FeatureCache:
     def _final(self, loc) -> torch.Tensor:
         f, j, n, _, f_off, f_pos = loc
         q0, q1 = int(f_off[j]), int(f_off[j + 1])
-        final_part = f.get_slice("final_hidden")[q0:q1]
+        final_part = self._read(f, "final_hidden", q0, q1)
         if q1 - q0 == n:
             return final_part
         final = final_part.new_zeros((n, final_part.shape[-1]))

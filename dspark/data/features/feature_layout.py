@@ -17,11 +17,15 @@ from pathlib import Path
 
 import torch
 
+from dspark.data.features.q8_0 import BLOCK as Q8_BLOCK
 from dspark.errors import BadInputError, MissingPathError
 from dspark.locking import refuse_if_being_written
 from dspark.target import resolve_target
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# How a cache stores its features -> the dtype its rows are read back in. q8_0: int8 in
+# llama.cpp's blocks of 32 with an fp16 scale (`q8_0.py`), read back as bf16.
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "q8_0": torch.bfloat16}
+BYTES_PER_VALUE = {"bf16": 2.0, "fp32": 4.0, "q8_0": (Q8_BLOCK + 2) / Q8_BLOCK}
 POSITIONS = ("all", "loss")
 INDEX_BYTES_PER_FINAL = 4  # final_positions, int32
 INDEX_BYTES_PER_ROW = 3 * 8  # lengths + two offsets, int64
@@ -59,17 +63,25 @@ class Layout:
     num_layers: int
     dtype: str = "bf16"
 
-    @property
-    def itemsize(self) -> int:
-        return DTYPES[self.dtype].itemsize
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise FeatureCacheError(f"dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+        if self.dtype == "q8_0" and self.hidden % Q8_BLOCK:
+            raise FeatureCacheError(
+                f"dtype=q8_0 stores blocks of {Q8_BLOCK} values, and this target's hidden size "
+                f"{self.hidden} is not a multiple of {Q8_BLOCK}; store it as bf16 (--dtype bf16)"
+            )
+
+    def _bytes(self, values: int) -> int:
+        return int(values * BYTES_PER_VALUE[self.dtype])  # q8_0: whole blocks, so exact
 
     @property
     def tapped_bytes(self) -> int:
-        return self.num_layers * self.hidden * self.itemsize
+        return self._bytes(self.num_layers * self.hidden)
 
     @property
     def final_bytes(self) -> int:
-        return self.hidden * self.itemsize + INDEX_BYTES_PER_FINAL
+        return self._bytes(self.hidden) + INDEX_BYTES_PER_FINAL
 
     @property
     def bytes_per_token_all(self) -> int:
@@ -156,7 +168,7 @@ def check_disk(out_dir: Path, needed: int) -> None:
             f"not enough disk for the feature cache in {out_dir}: it needs "
             f"{needed / 2**30:.2f} GiB (+{(DISK_HEADROOM - 1) * 100:.0f}% headroom), "
             f"{free / 2**30:.2f} GiB are free. Free space, write elsewhere (--output), or store "
-            f"less (--positions loss, --dtype bf16)."
+            f"less (--positions loss, --dtype q8_0)."
         )
 
 
