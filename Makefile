@@ -218,7 +218,7 @@ smollm2-large-data: setup
 # training (read-only: it may run beside the build).
 smollm2-large-status:
 	$(PY) data_scripts/build_status.py $(LARGE)/answers --rows $(LARGE_ROWS) \
-		--features $(LARGE)/points/n$(LARGE_ROWS)/features --run $(CURVE)/n$(LARGE_ROWS)
+		--features $(LARGE)/points/n$(LARGE_ROWS)/$(FEATURES_DIR) --run $(CURVE)/n$(LARGE_ROWS)
 
 # One point of the curve: the first N answered conversations, the SmolLM2 recipe's shape and
 # epochs, then held-out tau and the decoder's tau on five bench sets (their first CURVE_PROMPTS;
@@ -233,25 +233,31 @@ smollm2-large-status:
 # deletes the kept cache once its own is complete (the linked files stay).
 N ?= 1500
 CURVE_PROMPTS ?= 16
+# The larger builds' training caches (curve points, served drafts): bf16, or q8_0 (ggml's Q8_0
+# blocks, 0.53x the disk; docs/results.md "Feature cache"), written to features_q8_0 so a cache
+# of the other kind is never resumed; the 48 held-out rows' caches stay bf16.
+FEATURES_DTYPE ?= bf16
+FEATURES_DIR := features$(if $(filter-out bf16,$(FEATURES_DTYPE)),_$(FEATURES_DTYPE))
 TRAIN_MIN ?= 30
 KEEP_POINT_FEATURES ?= 0
 CURVE := runs/curve
 CURVE_SETS := [gsm8k,humaneval,mt-bench,mbpp,math500]
 # the feature caches other points kept (KEEP_POINT_FEATURES=1), but point $(1)'s own
-other_point_caches = $(filter-out $(LARGE)/points/n$(1)/features,\
-	$(patsubst %/manifest.json,%,$(wildcard $(LARGE)/points/n*/features/manifest.json)))
+other_point_caches = $(filter-out $(LARGE)/points/n$(1)/$(FEATURES_DIR),\
+	$(patsubst %/manifest.json,%,$(wildcard $(LARGE)/points/n*/$(FEATURES_DIR)/manifest.json)))
 $(CURVE)/n%/results.json:
 	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --partial \
 		--input $(LARGE)/answers/regenerated.jsonl --limit $* --output $(LARGE)/points/n$*/tokenized
-	$(CACHE) --data $(LARGE)/points/n$*/tokenized --output $(LARGE)/points/n$*/features \
+	$(CACHE) --data $(LARGE)/points/n$*/tokenized --output $(LARGE)/points/n$*/$(FEATURES_DIR) \
+		--dtype $(FEATURES_DTYPE) \
 		$(addprefix --reuse-from ,$(call other_point_caches,$*))
 	$(if $(filter 1,$(KEEP_POINT_FEATURES)),,$(if $(call other_point_caches,$*),\
 		rm -rf $(call other_point_caches,$*)))
 	$(PY) train/distill.py recipe=smollm2 data.train=$(LARGE)/points/n$*/tokenized \
-		data.features=$(LARGE)/points/n$*/features data.eval=$(LARGE)/embedded_test/tokenized \
+		data.features=$(LARGE)/points/n$*/$(FEATURES_DIR) data.eval=$(LARGE)/embedded_test/tokenized \
 		data.eval_features=$(LARGE)/embedded_test/features trainer.output_dir=$(CURVE)/n$* \
 		trainer.stop_after_min=$(TRAIN_MIN)
-	$(if $(filter 1,$(KEEP_POINT_FEATURES)),,rm -rf $(LARGE)/points/n$*/features)
+	$(if $(filter 1,$(KEEP_POINT_FEATURES)),,rm -rf $(LARGE)/points/n$*/$(FEATURES_DIR))
 smollm2-point: setup
 	$(MAKE) --no-print-directory $(CURVE)/n$(N)/results.json
 	test -e $(CURVE)/n$(N)/benchmark/results.json || $(PY) eval/benchmark.py \
@@ -343,11 +349,12 @@ $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
 	$(SERVED_REGEN) --input $(SERVED_PROMPTS) --limit $(SERVED_ROWS) \
 		--output $(SERVED_DATA)/answers --stop-after $(LARGE_ANSWER_MIN)
 	$(SERVED_REGEN) --input embedded --split test --limit 48 --output $(SERVED_DATA)/embedded_test
-	$(SERVED_CACHE) --data $(SERVED_DATA)/answers/tokenized --output $(SERVED_DATA)/features
+	$(SERVED_CACHE) --data $(SERVED_DATA)/answers/tokenized --output $(SERVED_DATA)/$(FEATURES_DIR) \
+		--dtype $(FEATURES_DTYPE)
 	$(SERVED_CACHE) --data $(SERVED_DATA)/embedded_test/tokenized \
 		--output $(SERVED_DATA)/embedded_test/features
 	$(PY) train/distill.py recipe=smollm2 target.name=$(SERVED_GGUF) $(SERVED_INIT) \
-		data.train=$(SERVED_DATA)/answers/tokenized data.features=$(SERVED_DATA)/features \
+		data.train=$(SERVED_DATA)/answers/tokenized data.features=$(SERVED_DATA)/$(FEATURES_DIR) \
 		data.eval=$(SERVED_DATA)/embedded_test/tokenized \
 		data.eval_features=$(SERVED_DATA)/embedded_test/features \
 		trainer.output_dir=$(SERVED_RUN) trainer.stop_after_min=$(TRAIN_MIN)

@@ -80,3 +80,21 @@ def test_a_benchmarked_point_is_not_benchmarked_again(tmp_path):
     (curve / "n100" / "benchmark" / "results.json").write_text("{}")
     again = run()
     assert "eval/benchmark.py" not in again and "eval/data_curve.py" in again
+
+
+def test_a_q8_0_point_caches_trains_and_links_only_q8_0_caches(tmp_path):
+    kept_bf16 = tmp_path / "points" / "n6000" / "features"
+    kept_q8 = tmp_path / "points" / "n3000" / "features_q8_0"
+    for kept in (kept_bf16, kept_q8):
+        kept.mkdir(parents=True)
+        (kept / "manifest.json").write_text("{}")
+    lines = point_commands(tmp_path, 12000, "FEATURES_DTYPE=q8_0").replace("\\\n", " ")
+    lines = lines.splitlines()
+    cache = next(x for x in lines if "cache_features.py" in x)
+    own = tmp_path / "points" / "n12000" / "features_q8_0"
+    assert f"--output {own} " in cache and "--dtype q8_0" in cache
+    assert f"--reuse-from {kept_q8}" in cache and str(kept_bf16) not in cache
+    (train,) = [x for x in lines if "distill.py" in x]
+    assert f"data.features={own} " in train
+    plain = point_commands(tmp_path, 12000).replace("\\\n", " ")
+    assert "--dtype bf16" in plain and "features_q8_0" not in plain
