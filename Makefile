@@ -235,9 +235,11 @@ N ?= 1500
 CURVE_PROMPTS ?= 16
 # The larger builds' training caches (curve points, served drafts): bf16, or q8_0 (ggml's Q8_0
 # blocks, 0.53x the disk; docs/results.md "Feature cache"), written to features_q8_0 so a cache
-# of the other kind is never resumed; the 48 held-out rows' caches stay bf16.
+# of the other kind is never resumed (a served draft's run dir takes the same _q8_0); the 48
+# held-out rows' caches stay bf16.
 FEATURES_DTYPE ?= bf16
-FEATURES_DIR := features$(if $(filter-out bf16,$(FEATURES_DTYPE)),_$(FEATURES_DTYPE))
+FEATURES_TAG := $(if $(filter-out bf16,$(FEATURES_DTYPE)),_$(FEATURES_DTYPE))
+FEATURES_DIR := features$(FEATURES_TAG)
 TRAIN_MIN ?= 30
 KEEP_POINT_FEATURES ?= 0
 CURVE := runs/curve
@@ -320,7 +322,7 @@ SERVED_GGUF ?= $(CACHE_ROOT)/targets/gguf/smollm2-135m-instruct/smollm2-135m-ins
 # another prompt file names its answers and run (`_<file name>`), so neither is taken for the mix's
 SERVED_SET := $(if $(filter file,$(origin SERVED_PROMPTS)),,_$(basename $(notdir $(SERVED_PROMPTS))))
 SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)
-SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)$(if $(SERVED_FROM),,_fresh)
+SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)$(if $(SERVED_FROM),,_fresh)$(FEATURES_TAG)
 # fine-tuning SERVED_FROM keeps its vocabulary and takes the fine-tune's lr and epochs
 SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
 	optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS))

@@ -71,7 +71,7 @@ def test_the_served_gguf_is_the_answers_the_features_and_the_training_target(tmp
 
 def test_q8_0_features_are_written_and_read_beside_the_bf16_ones(tmp_path):
     gguf = two_row_mix(tmp_path)
-    run = "runs/smollm2-served/q4_k_m_n2_fresh"
+    run = "runs/smollm2-served/q4_k_m_n2_fresh_q8_0"  # not a bf16 run's, so never resumed from
     data = f"{tmp_path}/cache/data/smollm2-served/q4_k_m_n2"
     lines = served_commands(tmp_path, f"{run}/results.json", f"SERVED_GGUF={gguf}",
                             "SERVED_ROWS=2", "SERVED_FROM=", "FEATURES_DTYPE=q8_0")  # fmt: skip
@@ -81,6 +81,7 @@ def test_q8_0_features_are_written_and_read_beside_the_bf16_ones(tmp_path):
     (train,) = [x for x in lines if "distill.py" in x]
     assert f"data.features={data}/features_q8_0 " in train
     assert f"data.eval_features={data}/embedded_test/features " in train
+    assert f"trainer.output_dir={run} " in train
 
 
 def test_a_missing_gguf_is_made_first_and_both_drafts_are_measured_on_it(tmp_path):
