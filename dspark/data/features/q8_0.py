@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from dspark.errors import BadInputError
+
 BLOCK = 32
 
 
@@ -22,7 +24,9 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`(q [T, D] int8, d [T, D / BLOCK] fp16)` of `x [T, D]`, D a multiple of BLOCK."""
     t, dim = x.shape
     if dim % BLOCK:
-        raise ValueError(f"q8_0 needs rows a multiple of {BLOCK} wide, got {dim}")
+        raise BadInputError(
+            f"q8_0 needs rows a multiple of {BLOCK} wide, got {dim}; store them as bf16 (--dtype bf16)"
+        )
     blocks = x.to(torch.bfloat16).float().reshape(t, dim // BLOCK, BLOCK)
     d = blocks.abs().amax(-1, keepdim=True) / 127
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
@@ -31,7 +35,7 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = scaled.sign() * (scaled.abs() + 0.5).floor()
     d16 = d.squeeze(-1).to(torch.float16)
     if not torch.isfinite(d16).all():
-        raise ValueError(
+        raise BadInputError(  # a UserError: the entry scripts print it as one `error:` line
             "a block's largest value exceeds what a q8_0 scale holds (127 x 65504); store "
             "these features as bf16 (--dtype bf16)"
         )
