@@ -184,6 +184,12 @@ LARGE_BATCH ?= 128
 LARGE_MAGPIE := $(PY) data_scripts/magpie_prompts.py --target embedded --dtype $(QS_DTYPE) --quiet \
 	--batch-size $(LARGE_BATCH)
 LARGE_UNFINISHED := $(LARGE)/.step-left-work
+# LARGE_MIX_ROWS=N: the prompts suffice once the mix holds N rows (a served draft's SERVED_ROWS),
+# so a step samples no more chat or code prompts from then on, short of the counts above; the
+# mix's first N rows are the same either way, and a later, larger N goes on sampling
+LARGE_MIX_ROWS ?=
+LARGE_MIX_HELD = $(if $(LARGE_MIX_ROWS),test "$$(cat $(LARGE)/mix.jsonl 2>/dev/null | wc -l)" \
+	-ge $(LARGE_MIX_ROWS) ||)
 # a part that stops with work left (exit 75) marks the step unfinished; any other failure stops
 OR_LEFT_WORK = || { test $$? -eq 75 && touch $(LARGE_UNFINISHED); }
 # The build's prompts: chat and code samples (a step of LARGE_CHAT_MIN, LARGE_CODE_MIN minutes
@@ -192,9 +198,9 @@ OR_LEFT_WORK = || { test $$? -eq 75 && touch $(LARGE_UNFINISHED); }
 define LARGE_PROMPT_STEPS
 	$(PY) data_scripts/prepare_target.py
 	@mkdir -p $(LARGE) && rm -f $(LARGE_UNFINISHED)
-	$(LARGE_MAGPIE) --stop-after $(LARGE_CHAT_MIN) --num $(LARGE_CHAT_SAMPLES) \
+	$(LARGE_MIX_HELD) $(LARGE_MAGPIE) --stop-after $(LARGE_CHAT_MIN) --num $(LARGE_CHAT_SAMPLES) \
 		--output $(LARGE)/magpie_chat $(OR_LEFT_WORK)
-	$(LARGE_MAGPIE) --stop-after $(LARGE_CODE_MIN) --num $(LARGE_CODE_SAMPLES) \
+	$(LARGE_MIX_HELD) $(LARGE_MAGPIE) --stop-after $(LARGE_CODE_MIN) --num $(LARGE_CODE_SAMPLES) \
 		--system-prompt "$(LARGE_CODE_SYSTEM)" --output $(LARGE)/magpie_code $(OR_LEFT_WORK)
 	$(PY) data_scripts/mix_prompts.py --output $(LARGE)/mix.jsonl \
 		--source chat=$(LARGE)/magpie_chat/prompts.jsonl:5 \
@@ -327,7 +333,8 @@ SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)$(
 SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
 	optim.lr=$(SERVED_LR) trainer.epochs=$(SERVED_EPOCHS))
 SERVED_SHORT_PROMPTS = $(SERVED_PROMPTS) holds fewer than SERVED_ROWS=$(SERVED_ROWS) prompts; run \
-	make smollm2-large-prompts until it succeeds, pass another SERVED_PROMPTS, or lower SERVED_ROWS
+	make smollm2-large-prompts LARGE_MIX_ROWS=$(SERVED_ROWS) until it succeeds, pass another \
+	SERVED_PROMPTS, or lower SERVED_ROWS
 SERVED_NO_DRAFT = SERVED_FROM=$(SERVED_FROM) holds no draft (no config.json); train it first \
 	(make smollm2-point N=$(LARGE_ROWS) for the default), pass another draft dir, or pass \
 	SERVED_FROM= for a fresh draft

@@ -116,7 +116,8 @@ def test_the_served_answers_wait_for_a_mix_long_enough(tmp_path):
     out = run_make(tmp_path, "runs/smollm2-served/q4_k_m_n3_fresh/results.json",
                    f"SERVED_GGUF={gguf}", "SERVED_FROM=", "SERVED_ROWS=3")  # fmt: skip
     assert out.returncode != 0
-    assert "error: " in out.stdout and "make smollm2-large-prompts" in out.stdout
+    assert "error: " in out.stdout
+    assert "make smollm2-large-prompts LARGE_MIX_ROWS=3" in out.stdout  # the fix, with its N
     assert "regenerate.py" not in out.stdout + out.stderr  # refused before answering
 
 
@@ -131,6 +132,36 @@ def test_the_prompt_steps_run_alone_without_answering(tmp_path):
     assert [x for x in full if "magpie_prompts.py" in x] == magpie  # the same steps, then answers
     assert any("regenerate.py" in x and "--output " + f"{tmp_path}/large/answers" in x
                for x in full)  # fmt: skip
+
+
+def prompt_steps(tmp_path: Path, mix_rows: int, *args: str) -> tuple[int, list[str]]:
+    """Run `make smollm2-large-prompts` with a stand-in Python that logs each script it is
+    given and stops every Magpie run with work left (exit 75), over a mix of `mix_rows` rows;
+    make's exit status and the scripts run, in order."""
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/bash\necho "$1" >> {log}\n[[ $1 != *magpie* ]] || exit 75\n')
+    python.chmod(0o755)
+    (venv / ".installed").touch()  # newer than pyproject.toml: set up
+    (tmp_path / "large").mkdir()
+    (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * mix_rows)
+    out = run_make(tmp_path, "smollm2-large-prompts", f"VENV={venv}", *args)
+    calls = log.read_text().split() if log.exists() else []
+    return out.returncode, [Path(c).name for c in calls]
+
+
+def test_the_prompt_steps_stop_sampling_once_the_mix_holds_the_rows_asked(tmp_path):
+    magpie, mix = "magpie_prompts.py", "mix_prompts.py"
+    # enough rows: no more samples, the mix rebuilt, and the goal succeeds
+    rc, calls = prompt_steps(tmp_path / "held", 3, "LARGE_MIX_ROWS=3")
+    assert rc == 0 and magpie not in calls and mix in calls
+    # one row short: both sets sample on and the step ends with work left (make's Error 75)
+    rc, calls = prompt_steps(tmp_path / "short", 2, "LARGE_MIX_ROWS=3")
+    assert rc != 0 and calls.count(magpie) == 2 and calls[-1] == mix
+    # unset: the sample counts decide, however long the mix already is
+    rc, calls = prompt_steps(tmp_path / "unset", 3)
+    assert rc != 0 and calls.count(magpie) == 2
 
 
 def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_path):
