@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # Where every cached thing lives (dspark.paths.cache_root): data builds, targets, llama.cpp.
 CACHE_ROOT := $(or $(DSPARK_CACHE),$(HOME)/.cache/dspark)
 
-.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-prompts smollm2-large-data smollm2-large-status smollm2-point smollm2-seen-unseen smollm2-large smollm2-served ablation test lint typecheck format clean-venv gpu-check
+.PHONY: setup debug-data quickstart llama-server smollm2 smollm2-draft smollm2-large-prompts smollm2-large-data smollm2-large-status smollm2-point smollm2-seen-unseen smollm2-large smollm2-served smollm2-served-status ablation test lint typecheck format clean-venv gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -371,6 +371,12 @@ $(SERVED_RUN)/llama_cpp_from/results.json:
 	$(SERVED_BENCH) --draft $(SERVED_FROM) --output-dir $(SERVED_RUN)/llama_cpp_from
 $(SERVED_RUN)/llama_cpp/results.json:
 	$(SERVED_BENCH) --draft $(SERVED_RUN)/draft --output-dir $(SERVED_RUN)/llama_cpp
+# Where that served draft stands, as smollm2-large-status for the larger build: the mix's
+# prompts, the served GGUF's answers, the feature cache and the training (read-only; the same
+# SERVED_* and FEATURES_DTYPE as the build's)
+smollm2-served-status:
+	$(PY) data_scripts/build_status.py $(SERVED_DATA)/answers --rows $(SERVED_ROWS) \
+		--features $(SERVED_DATA)/$(FEATURES_DIR) --run $(SERVED_RUN)
 
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
 ABL := $(PY) train/distill.py recipe=ablation tracking=none

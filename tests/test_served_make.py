@@ -164,6 +164,18 @@ def test_the_prompt_steps_stop_sampling_once_the_mix_holds_the_rows_asked(tmp_pa
     assert rc != 0 and calls.count(magpie) == 2
 
 
+def test_the_status_reads_the_answers_cache_and_run_the_build_writes(tmp_path):
+    args = ("SERVED_FROM=", "SERVED_ROWS=24000", "FEATURES_DTYPE=q8_0")
+    build = served_commands(tmp_path, "runs/smollm2-served/q4_k_m_n24000_fresh_q8_0/results.json",
+                            "SERVED_GGUF=t.gguf", *args)  # fmt: skip
+    (status,) = served_commands(tmp_path, "smollm2-served-status", *args)
+    answers = next(x for x in build if "regenerate.py" in x).split("--output ")[1].split()[0]
+    cache = next(x for x in build if "cache_features.py" in x).split("--output ")[1].split()[0]
+    run = next(x for x in build if "distill.py" in x).split("trainer.output_dir=")[1].split()[0]
+    assert "build_status.py" in status and f" {answers} --rows 24000 " in status
+    assert f"--features {cache} " in status and status.endswith(f"--run {run}")
+
+
 def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_path):
     gguf = tmp_path / "t.q4_k_m.gguf"
     gguf.write_bytes(b"GGUF")

@@ -111,7 +111,8 @@ def build_status(answers: Path, rows: int) -> dict:
     if not (answers / "run.json").is_file():
         raise BadInputError(
             f"{answers} holds no answering run (run.json): pass regenerate.py's --output "
-            "folder of the build, or start the build first (make smollm2-large-data)"
+            "folder of the build, or start the build first (make smollm2-large-data; make "
+            "smollm2-served for a served draft's answers)"
         )
     run = _read_json(answers / "run.json", "pass regenerate.py's --output folder")
     mix = Path(run.get("source", ""))
