@@ -317,7 +317,10 @@ $(LARGE_BENCH)/%/results.json:
 # must hold SERVED_ROWS rows first (`make smollm2-large-prompts`); SERVED_PROMPTS answers another
 # prompt file instead (any JSONL regenerate.py reads, e.g. `make smollm2`'s regenerated sets
 # joined, for a draft of that recipe against the served weights). Each step resumes: rerun
-# after `Error 75`; a finished step is kept.
+# after `Error 75`; a finished step is kept. One answering run per quant and prompt file grows
+# with SERVED_ROWS (its first rows are the same at any N), and each N's feature cache links the
+# shards of a smaller N's over their shared first rows, so doubling SERVED_ROWS answers and
+# caches only the new rows.
 SERVED_QUANT ?= q4_k_m
 SERVED_ROWS ?= 3000
 SERVED_EPOCHS ?= 2
@@ -327,7 +330,11 @@ SERVED_PROMPTS ?= $(LARGE)/mix.jsonl
 SERVED_GGUF ?= $(CACHE_ROOT)/targets/gguf/smollm2-135m-instruct/smollm2-135m-instruct.$(SERVED_QUANT).gguf
 # another prompt file names its answers and run (`_<file name>`), so neither is taken for the mix's
 SERVED_SET := $(if $(filter file,$(origin SERVED_PROMPTS)),,_$(basename $(notdir $(SERVED_PROMPTS))))
-SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)
+SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)$(SERVED_SET)
+SERVED_POINT := $(SERVED_DATA)/n$(SERVED_ROWS)
+# the feature caches of the other SERVED_ROWS of these answers (linked from, never deleted)
+SERVED_OTHER_CACHES = $(filter-out $(SERVED_POINT)/$(FEATURES_DIR),\
+	$(patsubst %/manifest.json,%,$(wildcard $(SERVED_DATA)/n*/$(FEATURES_DIR)/manifest.json)))
 SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)$(if $(SERVED_FROM),,_fresh)$(FEATURES_TAG)
 # fine-tuning SERVED_FROM keeps its vocabulary and takes the fine-tune's lr and epochs
 SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
@@ -339,7 +346,7 @@ SERVED_NO_DRAFT = SERVED_FROM=$(SERVED_FROM) holds no draft (no config.json); tr
 	(make smollm2-point N=$(LARGE_ROWS) for the default), pass another draft dir, or pass \
 	SERVED_FROM= for a fresh draft
 SERVED_REGEN := $(PY) data_scripts/regenerate.py --target $(SERVED_GGUF) --backend llama-cpp \
-	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024 --tokenize
+	--target-gguf $(SERVED_GGUF) --batch-size 16 --max-new-tokens 256 --max-length 1024
 SERVED_CACHE := $(PY) data_scripts/cache_features.py --target $(SERVED_GGUF) --target-dtype bfloat16
 SERVED_BENCH := $(PY) eval/llama_cpp_bench.py --target-gguf $(SERVED_GGUF) --draft-outtype q4_0 \
 	--datasets gsm8k,humaneval --num-prompts 40 --max-new-tokens 256 --tune model \
@@ -357,13 +364,17 @@ $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
 		|| { echo "error: $(SERVED_SHORT_PROMPTS)"; exit 2; }
 	$(SERVED_REGEN) --input $(SERVED_PROMPTS) --limit $(SERVED_ROWS) \
 		--output $(SERVED_DATA)/answers --stop-after $(LARGE_ANSWER_MIN)
-	$(SERVED_REGEN) --input embedded --split test --limit 48 --output $(SERVED_DATA)/embedded_test
-	$(SERVED_CACHE) --data $(SERVED_DATA)/answers/tokenized --output $(SERVED_DATA)/$(FEATURES_DIR) \
-		--dtype $(FEATURES_DTYPE)
+	$(SERVED_REGEN) --input embedded --split test --limit 48 --output $(SERVED_DATA)/embedded_test \
+		--tokenize
+	$(PY) data_scripts/tokenize_data.py --target $(SERVED_GGUF) --max-length 1024 --partial \
+		--input $(SERVED_DATA)/answers/regenerated.jsonl --limit $(SERVED_ROWS) \
+		--output $(SERVED_POINT)/tokenized
+	$(SERVED_CACHE) --data $(SERVED_POINT)/tokenized --output $(SERVED_POINT)/$(FEATURES_DIR) \
+		--dtype $(FEATURES_DTYPE) $(addprefix --reuse-from ,$(SERVED_OTHER_CACHES))
 	$(SERVED_CACHE) --data $(SERVED_DATA)/embedded_test/tokenized \
 		--output $(SERVED_DATA)/embedded_test/features
 	$(PY) train/distill.py recipe=smollm2 target.name=$(SERVED_GGUF) $(SERVED_INIT) \
-		data.train=$(SERVED_DATA)/answers/tokenized data.features=$(SERVED_DATA)/$(FEATURES_DIR) \
+		data.train=$(SERVED_POINT)/tokenized data.features=$(SERVED_POINT)/$(FEATURES_DIR) \
 		data.eval=$(SERVED_DATA)/embedded_test/tokenized \
 		data.eval_features=$(SERVED_DATA)/embedded_test/features \
 		trainer.output_dir=$(SERVED_RUN) trainer.stop_after_min=$(TRAIN_MIN)
@@ -376,7 +387,7 @@ $(SERVED_RUN)/llama_cpp/results.json:
 # SERVED_* and FEATURES_DTYPE as the build's)
 smollm2-served-status:
 	$(PY) data_scripts/build_status.py $(SERVED_DATA)/answers --rows $(SERVED_ROWS) \
-		--features $(SERVED_DATA)/$(FEATURES_DIR) --run $(SERVED_RUN)
+		--features $(SERVED_POINT)/$(FEATURES_DIR) --run $(SERVED_RUN)
 
 # The equal-budget ablation on SmolLM2 (recipes/ablation.yaml; needs the smollm2 data).
 ABL := $(PY) train/distill.py recipe=ablation tracking=none

@@ -51,37 +51,62 @@ def test_the_served_gguf_is_the_answers_the_features_and_the_training_target(tmp
                             "SERVED_QUANT=q4_0", "SERVED_ROWS=500", "SERVED_FROM=d0")  # fmt: skip
     assert not any("quantize_target.py" in x for x in lines)
     regen, test_regen = [x for x in lines if "regenerate.py" in x]
-    data = f"{tmp_path}/cache/data/smollm2-served/q4_0_n500"
+    data = f"{tmp_path}/cache/data/smollm2-served/q4_0"
     for want in ("--backend llama-cpp", f"--target-gguf {gguf}", "--limit 500",
                  f"--input {tmp_path}/large/mix.jsonl", f"--output {data}/answers"):  # fmt: skip
         assert want in regen
     assert f"--target-gguf {gguf}" in test_regen and "--split test" in test_regen
     # the answers' tokenizer and their agreement record's reference: the served GGUF itself
     # (dequantized), so the record measures the engine, not the quant
-    assert all(f"--target {gguf} " in x for x in (regen, test_regen))
+    (tokenize,) = [x for x in lines if "tokenize_data.py" in x]
+    assert all(f"--target {gguf} " in x for x in (regen, test_regen, tokenize))
+    for want in (f"--input {data}/answers/regenerated.jsonl", "--limit 500",
+                 f"--output {data}/n500/tokenized"):  # fmt: skip
+        assert want in tokenize
     caches = [x for x in lines if "cache_features.py" in x]
     assert len(caches) == 2 and all(f"--target {gguf}" in x for x in caches)
     (train,) = [x for x in lines if "distill.py" in x]
     for want in (f"target.name={gguf}", "draft.init_from=d0", "draft.vocab_size=null",
-                 f"data.features={data}/features",
+                 f"data.train={data}/n500/tokenized", f"data.features={data}/n500/features",
                  f"trainer.output_dir={run}"):  # fmt: skip
         assert want in train
-    assert lines.index(caches[0]) < lines.index(train)
+    assert lines.index(regen) < lines.index(tokenize) < lines.index(caches[0]) < lines.index(train)
 
 
 def test_q8_0_features_are_written_and_read_beside_the_bf16_ones(tmp_path):
     gguf = two_row_mix(tmp_path)
     run = "runs/smollm2-served/q4_k_m_n2_fresh_q8_0"  # not a bf16 run's, so never resumed from
-    data = f"{tmp_path}/cache/data/smollm2-served/q4_k_m_n2"
+    data = f"{tmp_path}/cache/data/smollm2-served/q4_k_m"
     lines = served_commands(tmp_path, f"{run}/results.json", f"SERVED_GGUF={gguf}",
                             "SERVED_ROWS=2", "SERVED_FROM=", "FEATURES_DTYPE=q8_0")  # fmt: skip
     train_cache, test_cache = [x for x in lines if "cache_features.py" in x]
-    assert f"--output {data}/features_q8_0 " in train_cache and "--dtype q8_0" in train_cache
+    assert f"--output {data}/n2/features_q8_0 " in train_cache and "--dtype q8_0" in train_cache
     assert "--dtype" not in test_cache  # the held-out rows: bf16, as every arm's
     (train,) = [x for x in lines if "distill.py" in x]
-    assert f"data.features={data}/features_q8_0 " in train
+    assert f"data.features={data}/n2/features_q8_0 " in train
     assert f"data.eval_features={data}/embedded_test/features " in train
     assert f"trainer.output_dir={run} " in train
+
+
+def test_a_larger_n_grows_the_same_answers_and_links_the_smaller_n_cache(tmp_path):
+    gguf = two_row_mix(tmp_path)
+    data = tmp_path / "cache" / "data" / "smollm2-served" / "q4_k_m"
+    for n, dtype in ((1, "q8_0"), (3, "bf16")):  # caches of 1 row: one of each kind
+        cache = data / f"n{n}" / ("features_q8_0" if dtype == "q8_0" else "features")
+        cache.mkdir(parents=True)
+        (cache / "manifest.json").write_text("{}")
+    lines = served_commands(tmp_path, "runs/smollm2-served/q4_k_m_n2_fresh_q8_0/results.json",
+                            f"SERVED_GGUF={gguf}", "SERVED_ROWS=2", "SERVED_FROM=",
+                            "FEATURES_DTYPE=q8_0")  # fmt: skip
+    regen = next(x for x in lines if "regenerate.py" in x)
+    assert f"--output {data}/answers " in regen and "--limit 2 " in regen  # one run, grown
+    (tokenize,) = [x for x in lines if "tokenize_data.py" in x]
+    assert "--partial" in tokenize and "--limit 2 " in tokenize  # the answers may run on past N
+    train_cache = next(x for x in lines if f"{data}/n2/features_q8_0" in x)
+    # the smaller N's cache of the same kind is linked from; a bf16 cache never is
+    assert train_cache.split().count("--reuse-from") == 1
+    assert f"--reuse-from {data}/n1/features_q8_0" in train_cache
+    assert not any(x.startswith("rm ") for x in lines)  # and kept
 
 
 def test_a_missing_gguf_is_made_first_and_both_drafts_are_measured_on_it(tmp_path):
@@ -187,7 +212,7 @@ def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_pat
                             "SERVED_ROWS=2", f"SERVED_PROMPTS={prompts}")  # fmt: skip
     regen = next(x for x in lines if "regenerate.py" in x and "--split test" not in x)
     assert f"--input {prompts} " in regen and "mix.jsonl" not in regen
-    assert "smollm2-served/q4_k_m_n2_recipe_prompts/answers " in regen
+    assert "smollm2-served/q4_k_m_recipe_prompts/answers " in regen
     (train,) = [x for x in lines if "distill.py" in x]
     assert f"trainer.output_dir={run.removesuffix('/results.json')} " in train
     assert any(f"cat {prompts} " in x and "-ge 2" in x for x in lines)  # the guard counts it
