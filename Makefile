@@ -313,8 +313,9 @@ $(LARGE_BENCH)/%/results.json:
 # larger recipe's draft) is fine-tuned on them; then both drafts in llama.cpp on that GGUF,
 # back to back (gsm8k and humaneval, first 40 prompts, 256 new tokens, flags tuned on held-out
 # prompts). SERVED_FROM= (empty) trains a fresh draft of the recipe's shape and epochs on the
-# served answers alone instead (its run dir ends in _fresh; only it is measured then). The mix
-# must hold SERVED_ROWS rows first (`make smollm2-large-prompts`); SERVED_PROMPTS answers another
+# served answers alone instead (its run dir ends in _fresh; only it is measured then). The mix's
+# prompts are sampled first, until it holds SERVED_ROWS rows (`make smollm2-large-prompts
+# LARGE_MIX_ROWS=SERVED_ROWS`, a step of the same command); SERVED_PROMPTS answers another
 # prompt file instead (any JSONL regenerate.py reads, e.g. `make smollm2`'s regenerated sets
 # joined, for a draft of that recipe against the served weights). Each step resumes: rerun
 # after `Error 75`; a finished step is kept. One answering run per quant and prompt file grows
@@ -352,6 +353,7 @@ SERVED_BENCH := $(PY) eval/llama_cpp_bench.py --target-gguf $(SERVED_GGUF) --dra
 	--datasets gsm8k,humaneval --num-prompts 40 --max-new-tokens 256 --tune model \
 	--tune-prompts 4 --ngram-n-max 0 --threads 2 $(if $(QS_LLAMA_SERVER),--server-bin $(QS_LLAMA_SERVER))
 smollm2-served: setup
+	$(if $(SERVED_SET),,$(MAKE) --no-print-directory smollm2-large-prompts LARGE_MIX_ROWS=$(SERVED_ROWS))
 	$(MAKE) --no-print-directory $(SERVED_RUN)/results.json
 	$(MAKE) --no-print-directory $(if $(SERVED_FROM),$(SERVED_RUN)/llama_cpp_from/results.json) \
 		$(SERVED_RUN)/llama_cpp/results.json

@@ -159,10 +159,10 @@ def test_the_prompt_steps_run_alone_without_answering(tmp_path):
                for x in full)  # fmt: skip
 
 
-def prompt_steps(tmp_path: Path, mix_rows: int, *args: str) -> tuple[int, list[str]]:
-    """Run `make smollm2-large-prompts` with a stand-in Python that logs each script it is
-    given and stops every Magpie run with work left (exit 75), over a mix of `mix_rows` rows;
-    make's exit status and the scripts run, in order."""
+def stand_in_run(tmp_path: Path, goal: str, mix_rows: int, *args: str) -> tuple[int, list[str]]:
+    """Run `make GOAL ARGS` for real with a stand-in Python that logs each script it is given
+    and stops every Magpie run with work left (exit 75), over a mix of `mix_rows` rows; make's
+    exit status and the scripts run, in order."""
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
@@ -171,9 +171,13 @@ def prompt_steps(tmp_path: Path, mix_rows: int, *args: str) -> tuple[int, list[s
     (venv / ".installed").touch()  # newer than pyproject.toml: set up
     (tmp_path / "large").mkdir()
     (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * mix_rows)
-    out = run_make(tmp_path, "smollm2-large-prompts", f"VENV={venv}", *args)
+    out = run_make(tmp_path, goal, f"VENV={venv}", *args)
     calls = log.read_text().split() if log.exists() else []
     return out.returncode, [Path(c).name for c in calls]
+
+
+def prompt_steps(tmp_path: Path, mix_rows: int, *args: str) -> tuple[int, list[str]]:
+    return stand_in_run(tmp_path, "smollm2-large-prompts", mix_rows, *args)
 
 
 def test_the_prompt_steps_stop_sampling_once_the_mix_holds_the_rows_asked(tmp_path):
@@ -199,6 +203,27 @@ def test_the_status_reads_the_answers_cache_and_run_the_build_writes(tmp_path):
     run = next(x for x in build if "distill.py" in x).split("trainer.output_dir=")[1].split()[0]
     assert "build_status.py" in status and f" {answers} --rows 24000 " in status
     assert f"--features {cache} " in status and status.endswith(f"--run {run}")
+
+
+def test_one_command_samples_the_mix_it_needs_then_answers_caches_trains_and_measures(tmp_path):
+    gguf = tmp_path / "t.q4_k_m.gguf"
+    gguf.write_bytes(b"GGUF")
+    args = (f"SERVED_GGUF={gguf}", "SERVED_FROM=", "SERVED_ROWS=3")
+    # the mix one row short: a prompts step, then make stops with work left before answering
+    rc, calls = stand_in_run(tmp_path / "short", "smollm2-served", 2, *args)
+    assert rc != 0 and "magpie_prompts.py" in calls and "regenerate.py" not in calls
+    # long enough: no more samples, then every step of the served draft, in order
+    rc, calls = stand_in_run(tmp_path / "held", "smollm2-served", 3, *args)
+    assert rc == 0 and "magpie_prompts.py" not in calls
+    served = calls[calls.index("mix_prompts.py") + 1 :]
+    assert served == ["regenerate.py", "regenerate.py", "tokenize_data.py", "cache_features.py",
+                      "cache_features.py", "distill.py", "llama_cpp_bench.py"]  # fmt: skip
+    # another prompt file: nothing of the mix is sampled or built
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["q"]}\n' * 3)
+    rc, calls = stand_in_run(tmp_path / "file", "smollm2-served", 0, *args,
+                             f"SERVED_PROMPTS={prompts}")  # fmt: skip
+    assert rc == 0 and calls == served
 
 
 def test_another_prompt_file_is_answered_and_guarded_in_place_of_the_mix(tmp_path):
