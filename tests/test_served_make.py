@@ -1,6 +1,7 @@
 """`make smollm2-served`: the served GGUF answers, is cached and is the training's target, and
 the draft it starts from is measured beside the fine-tuned one, or a fresh draft trains alone;
-the mix it answers comes from `make smollm2-large-prompts` (make -n: nothing runs)."""
+the mix it answers comes from `make smollm2-large-prompts`, run as far as the rows asked need
+(make -n, or make with a stand-in Python that logs the scripts: nothing real runs)."""
 
 import shutil
 import subprocess
