@@ -209,9 +209,14 @@ define LARGE_PROMPT_STEPS
 		--source embedded=embedded:1
 endef
 LARGE_WORK_LEFT = @test ! -e $(LARGE_UNFINISHED) || { echo "$@: work left; rerun to go on"; exit 75; }
+LARGE_MIX_SHORT = the mix holds fewer than LARGE_MIX_ROWS=$(LARGE_MIX_ROWS) rows with all \
+	LARGE_CHAT_SAMPLES=$(LARGE_CHAT_SAMPLES) chat and LARGE_CODE_SAMPLES=$(LARGE_CODE_SAMPLES) \
+	code samples drawn; raise those counts (the mix's first rows stay the same) or lower \
+	LARGE_MIX_ROWS
 smollm2-large-prompts: setup
 	$(LARGE_PROMPT_STEPS)
 	$(LARGE_WORK_LEFT)
+	$(if $(LARGE_MIX_ROWS),@$(LARGE_MIX_HELD) { echo "error: $(LARGE_MIX_SHORT)"; exit 2; })
 smollm2-large-data: setup
 	$(LARGE_PROMPT_STEPS)
 	$(SM_REGEN) --input $(LARGE)/mix.jsonl --output $(LARGE)/answers --batch-size $(LARGE_BATCH) \

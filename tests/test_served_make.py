@@ -160,25 +160,30 @@ def test_the_prompt_steps_run_alone_without_answering(tmp_path):
                for x in full)  # fmt: skip
 
 
-def stand_in_run(tmp_path: Path, goal: str, mix_rows: int, *args: str) -> tuple[int, list[str]]:
+def stand_in_run(
+    tmp_path: Path, goal: str, mix_rows: int, *args: str, magpie_rc: int = 75
+) -> tuple[int, list[str], str]:
     """Run `make GOAL ARGS` for real with a stand-in Python that logs each script it is given
-    and stops every Magpie run with work left (exit 75), over a mix of `mix_rows` rows; make's
-    exit status and the scripts run, in order."""
+    and ends every Magpie run with `magpie_rc` (75: work left; 0: every sample drawn), over a
+    mix of `mix_rows` rows; make's exit status, the scripts run, in order, and its output."""
     venv, log = tmp_path / "venv", tmp_path / "calls.log"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
-    python.write_text(f'#!/bin/bash\necho "$1" >> {log}\n[[ $1 != *magpie* ]] || exit 75\n')
+    python.write_text(
+        f'#!/bin/bash\necho "$1" >> {log}\n[[ $1 != *magpie* ]] || exit {magpie_rc}\n'
+    )
     python.chmod(0o755)
     (venv / ".installed").touch()  # newer than pyproject.toml: set up
     (tmp_path / "large").mkdir()
     (tmp_path / "large" / "mix.jsonl").write_text('{"turns": ["q"]}\n' * mix_rows)
     out = run_make(tmp_path, goal, f"VENV={venv}", *args)
     calls = log.read_text().split() if log.exists() else []
-    return out.returncode, [Path(c).name for c in calls]
+    return out.returncode, [Path(c).name for c in calls], out.stdout
 
 
-def prompt_steps(tmp_path: Path, mix_rows: int, *args: str) -> tuple[int, list[str]]:
-    return stand_in_run(tmp_path, "smollm2-large-prompts", mix_rows, *args)
+def prompt_steps(tmp_path: Path, mix_rows: int, *args: str, **kw) -> tuple[int, list[str]]:
+    rc, calls, _ = stand_in_run(tmp_path, "smollm2-large-prompts", mix_rows, *args, **kw)
+    return rc, calls
 
 
 def test_the_prompt_steps_stop_sampling_once_the_mix_holds_the_rows_asked(tmp_path):
@@ -192,6 +197,13 @@ def test_the_prompt_steps_stop_sampling_once_the_mix_holds_the_rows_asked(tmp_pa
     # unset: the sample counts decide, however long the mix already is
     rc, calls = prompt_steps(tmp_path / "unset", 3)
     assert rc != 0 and calls.count(magpie) == 2
+    rc, calls = prompt_steps(tmp_path / "drawn", 2, magpie_rc=0)
+    assert rc == 0  # every sample drawn: done
+    # every sample drawn and the mix still short of the rows asked: an error naming the fix
+    rc, calls, out = stand_in_run(tmp_path / "short_drawn", "smollm2-large-prompts", 2,
+                                  "LARGE_MIX_ROWS=3", "LARGE_CHAT_SAMPLES=9", magpie_rc=0)  # fmt: skip
+    assert rc != 0 and "error: the mix holds fewer than LARGE_MIX_ROWS=3 rows" in out
+    assert "LARGE_CHAT_SAMPLES=9 chat" in out and "raise those counts" in out
 
 
 def test_the_status_reads_the_answers_cache_and_run_the_build_writes(tmp_path):
@@ -211,10 +223,10 @@ def test_one_command_samples_the_mix_it_needs_then_answers_caches_trains_and_mea
     gguf.write_bytes(b"GGUF")
     args = (f"SERVED_GGUF={gguf}", "SERVED_FROM=", "SERVED_ROWS=3")
     # the mix one row short: a prompts step, then make stops with work left before answering
-    rc, calls = stand_in_run(tmp_path / "short", "smollm2-served", 2, *args)
+    rc, calls, _ = stand_in_run(tmp_path / "short", "smollm2-served", 2, *args)
     assert rc != 0 and "magpie_prompts.py" in calls and "regenerate.py" not in calls
     # long enough: no more samples, then every step of the served draft, in order
-    rc, calls = stand_in_run(tmp_path / "held", "smollm2-served", 3, *args)
+    rc, calls, _ = stand_in_run(tmp_path / "held", "smollm2-served", 3, *args)
     assert rc == 0 and "magpie_prompts.py" not in calls
     served = calls[calls.index("mix_prompts.py") + 1 :]
     assert served == ["regenerate.py", "regenerate.py", "tokenize_data.py", "cache_features.py",
@@ -222,7 +234,7 @@ def test_one_command_samples_the_mix_it_needs_then_answers_caches_trains_and_mea
     # another prompt file: nothing of the mix is sampled or built
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"turns": ["q"]}\n' * 3)
-    rc, calls = stand_in_run(tmp_path / "file", "smollm2-served", 0, *args,
+    rc, calls, _ = stand_in_run(tmp_path / "file", "smollm2-served", 0, *args,
                              f"SERVED_PROMPTS={prompts}")  # fmt: skip
     assert rc == 0 and calls == served
 
