@@ -188,8 +188,9 @@ LARGE_UNFINISHED := $(LARGE)/.step-left-work
 # so a step samples no more chat or code prompts from then on, short of the counts above; the
 # mix's first N rows are the same either way, and a later, larger N goes on sampling
 LARGE_MIX_ROWS ?=
-LARGE_MIX_HELD = $(if $(LARGE_MIX_ROWS),test "$$(cat $(LARGE)/mix.jsonl 2>/dev/null | wc -l)" \
-	-ge $(LARGE_MIX_ROWS) ||)
+# a shell test that file $(1) holds at least $(2) rows
+holds_rows = test "$$(cat $(1) 2>/dev/null | wc -l)" -ge $(2)
+LARGE_MIX_HELD = $(if $(LARGE_MIX_ROWS),$(call holds_rows,$(LARGE)/mix.jsonl,$(LARGE_MIX_ROWS)) ||)
 # a part that stops with work left (exit 75) marks the step unfinished; any other failure stops
 OR_LEFT_WORK = || { test $$? -eq 75 && touch $(LARGE_UNFINISHED); }
 # The build's prompts: chat and code samples (a step of LARGE_CHAT_MIN, LARGE_CODE_MIN minutes
@@ -255,9 +256,11 @@ TRAIN_MIN ?= 30
 KEEP_POINT_FEATURES ?= 0
 CURVE := runs/curve
 CURVE_SETS := [gsm8k,humaneval,mt-bench,mbpp,math500]
+# the FEATURES_DTYPE caches of the other row counts under $(1) (its n<N> dirs), but n$(2)'s own
+other_caches = $(filter-out $(1)/n$(2)/$(FEATURES_DIR),\
+	$(patsubst %/manifest.json,%,$(wildcard $(1)/n*/$(FEATURES_DIR)/manifest.json)))
 # the feature caches other points kept (KEEP_POINT_FEATURES=1), but point $(1)'s own
-other_point_caches = $(filter-out $(LARGE)/points/n$(1)/$(FEATURES_DIR),\
-	$(patsubst %/manifest.json,%,$(wildcard $(LARGE)/points/n*/$(FEATURES_DIR)/manifest.json)))
+other_point_caches = $(call other_caches,$(LARGE)/points,$(1))
 $(CURVE)/n%/results.json:
 	$(PY) data_scripts/tokenize_data.py --target embedded --max-length 1024 --partial \
 		--input $(LARGE)/answers/regenerated.jsonl --limit $* --output $(LARGE)/points/n$*/tokenized
@@ -339,8 +342,7 @@ SERVED_SET := $(if $(filter file,$(origin SERVED_PROMPTS)),,_$(basename $(notdir
 SERVED_DATA := $(DATA_CACHE)/smollm2-served/$(SERVED_QUANT)$(SERVED_SET)
 SERVED_POINT := $(SERVED_DATA)/n$(SERVED_ROWS)
 # the feature caches of the other SERVED_ROWS of these answers (linked from, never deleted)
-SERVED_OTHER_CACHES = $(filter-out $(SERVED_POINT)/$(FEATURES_DIR),\
-	$(patsubst %/manifest.json,%,$(wildcard $(SERVED_DATA)/n*/$(FEATURES_DIR)/manifest.json)))
+SERVED_OTHER_CACHES = $(call other_caches,$(SERVED_DATA),$(SERVED_ROWS))
 SERVED_RUN := runs/smollm2-served/$(SERVED_QUANT)_n$(SERVED_ROWS)$(SERVED_SET)$(if $(SERVED_FROM),,_fresh)$(FEATURES_TAG)
 # fine-tuning SERVED_FROM keeps its vocabulary and takes the fine-tune's lr and epochs
 SERVED_INIT := $(if $(SERVED_FROM),draft.init_from=$(SERVED_FROM) draft.vocab_size=null \
@@ -367,7 +369,7 @@ $(SERVED_GGUF):
 $(SERVED_RUN)/results.json: | $(SERVED_GGUF)
 	@test -z "$(SERVED_FROM)" || test -f "$(SERVED_FROM)/config.json" \
 		|| { echo "error: $(SERVED_NO_DRAFT)"; exit 2; }
-	@test "$$(cat $(SERVED_PROMPTS) 2>/dev/null | wc -l)" -ge $(SERVED_ROWS) \
+	@$(call holds_rows,$(SERVED_PROMPTS),$(SERVED_ROWS)) \
 		|| { echo "error: $(SERVED_SHORT_PROMPTS)"; exit 2; }
 	$(SERVED_REGEN) --input $(SERVED_PROMPTS) --limit $(SERVED_ROWS) \
 		--output $(SERVED_DATA)/answers --stop-after $(LARGE_ANSWER_MIN)

@@ -235,7 +235,7 @@ def test_one_command_samples_the_mix_it_needs_then_answers_caches_trains_and_mea
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"turns": ["q"]}\n' * 3)
     rc, calls, _ = stand_in_run(tmp_path / "file", "smollm2-served", 0, *args,
-                             f"SERVED_PROMPTS={prompts}")  # fmt: skip
+                                f"SERVED_PROMPTS={prompts}")  # fmt: skip
     assert rc == 0 and calls == served
 
 
